@@ -1,0 +1,22 @@
+"""fvlib: adaptive inference and function vectors in deep transformers.
+
+The library behind the executable textbook. Modules, from the bottom up:
+
+``priors`` -> ``task`` -> ``theory`` -> ``models`` -> ``train`` -> ``patching`` -> ``plots``
+-> ``widgets``, with ``cli`` and ``course`` on top. Each imports only from layers below it.
+"""
+
+__version__ = "0.1.0"
+
+from .priors import GaussianPrior, TreePrior, make_prior  # noqa: E402
+from .task import TaskBatch, make_generator, sample_task  # noqa: E402
+
+__all__ = [
+    "__version__",
+    "GaussianPrior",
+    "TreePrior",
+    "make_prior",
+    "TaskBatch",
+    "make_generator",
+    "sample_task",
+]
