@@ -1,0 +1,329 @@
+"""Measurement strategies and their Monte Carlo excess losses (DESIGN section 4).
+
+Every strategy spends a budget of ``M`` scalar measurements (one per layer for the adaptive
+ones) and decodes with the exact Bayes posterior under the Gaussian-channel likelihood
+(``lmmse`` decodes linearly instead). Observations come from a channel (``channel.py``): the
+finite-``N`` statistic by default, or the Gaussian channel itself.
+
+Greedy rule ("follow the most probable path"): at step ``l < K`` measure the node of level
+``l`` with the largest posterior mass. Beyond the tree depth (``l >= K``) it measures the
+not-yet-measured node with the largest posterior variance (the design leaves this case open).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..priors import GaussianPrior, TreePrior
+from .channel import FiniteSampleChannel, GaussianChannel, sample_statistic
+from .closed_forms import (
+    _check_budget,
+    channel_tau2,
+    gaussian_coordinate_loss,
+    noisefree_adaptive_loss,
+    noisefree_nonadaptive_loss,
+)
+from .posteriors import (
+    level_node_masses,
+    log_likelihood_directions,
+    log_likelihood_nodes,
+    node_posterior_variances,
+    posterior_probs,
+    tree_posterior_mean,
+    uniform_log_weights,
+    update_with_node,
+)
+
+__all__ = [
+    "Estimate",
+    "Rollout",
+    "greedy_action",
+    "run_greedy",
+    "nonadaptive_nodes",
+    "bayes_decode_nodes",
+    "lmmse_decode_nodes",
+    "optimise_directions",
+    "orthonormal_rows",
+    "mc_contexts",
+    "evaluate_strategies",
+    "theory_baselines",
+    "STRATEGIES",
+]
+
+STRATEGIES = ("adaptive_greedy", "nonadaptive_coord", "lmmse", "nonadaptive_opt")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A Monte Carlo mean with its standard error over ``n`` samples."""
+
+    mean: float
+    stderr: float
+    n: int
+
+    @classmethod
+    def of(cls, values: torch.Tensor) -> "Estimate":
+        values = values.double().flatten()
+        n = values.numel()
+        stderr = float(values.std(unbiased=True) / math.sqrt(n)) if n > 1 else float("nan")
+        return cls(float(values.mean()), stderr, n)
+
+    def __float__(self) -> float:
+        return self.mean
+
+    def __repr__(self) -> str:
+        return f"{self.mean:.4g} ± {self.stderr:.2g} (n={self.n})"
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One run of an adaptive policy over ``B`` contexts and ``L`` steps.
+
+    ``nodes (B, L)`` measured nodes, ``phis (B, L)`` observations, ``log_w (B, 2^K)`` final
+    log-weights, ``theta_hat (B, D)`` posterior means.
+    """
+
+    nodes: torch.Tensor
+    phis: torch.Tensor
+    log_w: torch.Tensor
+    theta_hat: torch.Tensor
+
+
+def greedy_action(tree: TreePrior, log_w: torch.Tensor, step: int, measured: torch.Tensor | None = None) -> torch.Tensor:
+    """The greedy node for each context at ``step`` (0-based); ``log_w (B, 2^K)`` -> ``(B,)``.
+
+    ``measured`` is an optional ``(B, D)`` boolean mask of nodes already measured, used only
+    beyond the tree depth.
+    """
+    probs = posterior_probs(log_w)
+    if step < tree.depth:
+        masses = level_node_masses(tree, probs, step)
+        return masses.argmax(-1) + (2**step - 1)
+    variances = node_posterior_variances(tree, probs)
+    if measured is not None:
+        variances = variances.masked_fill(measured, -1.0)
+    return variances.argmax(-1)
+
+
+def run_greedy(tree: TreePrior, channel, n_layers: int, tau2: float, forced: dict | None = None) -> Rollout:
+    """Run the greedy adaptive policy for ``n_layers`` steps.
+
+    Args:
+        channel: a :class:`FiniteSampleChannel` or :class:`GaussianChannel` over ``B`` contexts.
+        tau2: the channel variance used in the likelihood.
+        forced: optional ``{layer: nodes (B,)}`` with 1-based layers; at those layers the given
+            nodes are measured instead of the greedy choice (the key-patching intervention).
+    """
+    _check_budget(n_layers)
+    if n_layers > tree.dim:
+        raise ValueError(f"budget must be <= D = {tree.dim} for coordinate strategies, got {n_layers}")
+    batch = _channel_batch(channel)
+    log_w = uniform_log_weights(tree, batch)
+    measured = torch.zeros(batch, tree.dim, dtype=torch.bool)
+    nodes, phis = [], []
+    for step in range(n_layers):
+        if forced and (step + 1) in forced:
+            node = torch.as_tensor(forced[step + 1]).long()
+        else:
+            node = greedy_action(tree, log_w, step, measured)
+        phi = channel.measure_nodes(node)
+        log_w = update_with_node(tree, log_w, node, phi, tau2)
+        measured[torch.arange(batch), node] = True
+        nodes.append(node)
+        phis.append(phi)
+    theta_hat = tree_posterior_mean(tree, posterior_probs(log_w))
+    return Rollout(torch.stack(nodes, 1), torch.stack(phis, 1), log_w, theta_hat)
+
+
+def _channel_batch(channel) -> int:
+    source = channel.g_hat if isinstance(channel, FiniteSampleChannel) else channel.theta
+    return source.shape[0]
+
+
+def nonadaptive_nodes(tree_or_dim, budget: int) -> torch.Tensor:
+    """The first ``M`` nodes in heap order (breadth first), ``(M,)``."""
+    dim = tree_or_dim if isinstance(tree_or_dim, int) else tree_or_dim.dim
+    _check_budget(budget)
+    if budget > dim:
+        raise ValueError(f"budget must be <= D = {dim} for coordinate strategies, got {budget}")
+    return torch.arange(budget)
+
+
+def bayes_decode_nodes(tree: TreePrior, nodes: torch.Tensor, phis: torch.Tensor, tau2: float) -> torch.Tensor:
+    """Exact posterior mean ``(B, D)`` from coordinate measurements ``phis (B, M)`` at ``nodes (M,)``."""
+    nodes_b = nodes.expand(phis.shape[0], -1)
+    log_w = log_likelihood_nodes(tree, nodes_b, phis, tau2)
+    return tree_posterior_mean(tree, posterior_probs(log_w))
+
+
+def lmmse_decode_nodes(variances: torch.Tensor, nodes: torch.Tensor, phis: torch.Tensor, tau2: float) -> torch.Tensor:
+    """Linear decoding per coordinate: ``theta_hat_n = v_n / (v_n + tau2) phi_n`` on measured nodes."""
+    v = variances[nodes]
+    theta_hat = torch.zeros(phis.shape[0], variances.shape[0], dtype=torch.float64)
+    theta_hat[:, nodes] = phis * (v / (v + tau2))
+    return theta_hat
+
+
+def orthonormal_rows(W: torch.Tensor) -> torch.Tensor:
+    """Orthonormal basis ``(M, D)`` of the row space of ``W (M, D)`` (sign-fixed QR)."""
+    q, r = torch.linalg.qr(W.T)
+    signs = torch.sign(torch.diagonal(r))
+    signs = torch.where(signs == 0, torch.ones_like(signs), signs)
+    return (q * signs).T
+
+
+def optimise_directions(
+    tree: TreePrior,
+    budget: int,
+    tau2: float,
+    *,
+    steps: int = 400,
+    batch: int = 1024,
+    lr: float = 0.05,
+    seed: int = 0,
+    init_noise: float = 0.3,
+) -> torch.Tensor:
+    """Best fixed (non-adaptive) measurement subspace for the Bayes decoder, by gradient descent.
+
+    Only the row space of ``W`` matters (the noise ``tau^2 W W^T`` scales with ``W``), so the
+    directions are parametrised as the orthonormal rows of a free matrix. The objective is the
+    Monte Carlo Bayes risk under the Gaussian channel, with fresh samples every step (Adam).
+    Starts from the first ``M`` heap-order coordinates plus noise. Returns ``Q (M, D)``.
+    """
+    _check_budget(budget)
+    if budget > tree.dim:
+        raise ValueError(f"budget must be <= D = {tree.dim}, got {budget}")
+    gen = torch.Generator().manual_seed(seed)
+    W = torch.zeros(budget, tree.dim, dtype=torch.float64)
+    W[torch.arange(budget), torch.arange(budget)] = 1.0
+    W = W + init_noise * torch.randn(W.shape, generator=gen, dtype=torch.float64) / math.sqrt(tree.dim)
+    W.requires_grad_(True)
+    opt = torch.optim.Adam([W], lr=lr)
+    leaf_thetas = tree.leaf_thetas
+    for _ in range(steps):
+        idx = torch.randint(0, tree.num_leaves, (batch,), generator=gen)
+        theta = leaf_thetas[idx]
+        Q = orthonormal_rows(W)
+        u = theta @ Q.T + math.sqrt(tau2) * torch.randn(batch, budget, generator=gen, dtype=torch.float64)
+        probs = posterior_probs(log_likelihood_directions(tree, Q, u, tau2))
+        loss = ((probs @ leaf_thetas - theta) ** 2).sum(-1).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return orthonormal_rows(W.detach())
+
+
+def mc_contexts(prior, samples: int, n_ctx: int, noise_std: float, seed: int):
+    """Shared Monte Carlo contexts: latents ``(S, D)``, signs (tree) and statistics ``g_hat (S, D)``."""
+    gen = torch.Generator().manual_seed(seed)
+    if isinstance(prior, TreePrior):
+        signs = prior.sample_signs(samples, gen)
+        theta = prior.theta_from_signs(signs)
+    else:
+        signs, theta = None, prior.sample(samples, gen)
+    return theta, signs, sample_statistic(theta, n_ctx, noise_std, gen)
+
+
+def _squared_errors(theta_hat, theta):
+    return ((theta_hat - theta) ** 2).sum(-1)
+
+
+def evaluate_strategies(
+    tree: TreePrior,
+    n_ctx: int,
+    noise_std: float,
+    budget: int,
+    *,
+    samples: int = 4000,
+    seed: int = 0,
+    strategies=("adaptive_greedy", "nonadaptive_coord", "lmmse"),
+    channel: str = "finite",
+    directions: torch.Tensor | None = None,
+) -> dict[str, Estimate]:
+    """Monte Carlo excess losses of several strategies on the *same* contexts.
+
+    Args:
+        channel: ``"finite"`` (the finite-``N`` statistic) or ``"gaussian"`` (the channel
+            approximation with ``tau^2 = (E|theta|^2 + sigma^2)/N``).
+        directions: ``Q (M, D)`` for ``nonadaptive_opt``; optimised here when omitted.
+    Returns ``{strategy: Estimate}``; the sample count is in each estimate.
+    """
+    unknown = set(strategies) - set(STRATEGIES)
+    if unknown:
+        raise ValueError(f"unknown strategies {sorted(unknown)}; choose from {STRATEGIES}")
+    if channel not in ("finite", "gaussian"):
+        raise ValueError(f"channel must be 'finite' or 'gaussian', got {channel!r}")
+    tau2 = channel_tau2(tree, n_ctx, noise_std)
+    _check_budget(budget)
+    theta, _, g_hat = mc_contexts(tree, samples, n_ctx, noise_std, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+
+    def make_channel():
+        if channel == "finite":
+            return FiniteSampleChannel(g_hat)
+        return GaussianChannel(theta, math.sqrt(tau2), gen)
+
+    out = {}
+    for name in strategies:
+        out[name] = Estimate.of(_squared_errors(_estimate(name, tree, make_channel(), budget, tau2, directions, seed), theta))
+    return out
+
+
+def _estimate(name, tree, chan, budget, tau2, directions, seed):
+    if name == "adaptive_greedy":
+        return run_greedy(tree, chan, budget, tau2).theta_hat
+    if name == "nonadaptive_opt":
+        Q = directions if directions is not None else optimise_directions(tree, budget, tau2, seed=seed)
+        u = chan.measure(Q)
+        return posterior_probs(log_likelihood_directions(tree, Q, u, tau2)) @ tree.leaf_thetas
+    nodes = nonadaptive_nodes(tree, budget)
+    W = torch.eye(tree.dim, dtype=torch.float64)[nodes]
+    phis = chan.measure(W)
+    if name == "nonadaptive_coord":
+        return bayes_decode_nodes(tree, nodes, phis, tau2)
+    return lmmse_decode_nodes(tree.node_variances, nodes, phis, tau2)
+
+
+def theory_baselines(
+    tree: TreePrior,
+    n_ctx: int,
+    noise_std: float,
+    budget: int,
+    *,
+    samples: int = 4000,
+    seed: int = 0,
+    optimised: bool = False,
+    dp: bool = False,
+) -> dict[str, float]:
+    """All baselines of the CLI contract (DESIGN section 8) as plain floats.
+
+    Keys: ``tau2``, ``adaptive_greedy``, ``nonadaptive_coord``, ``lmmse``, ``gaussian_twin``,
+    ``noisefree_adaptive``, ``noisefree_nonadaptive``; ``*_stderr`` for the Monte Carlo ones,
+    ``samples``; plus ``nonadaptive_opt`` when ``optimised`` and ``dp_optimal`` (Gaussian
+    channel with the same ``tau``, ``K <= 3``) when ``dp``.
+    """
+    tau2 = channel_tau2(tree, n_ctx, noise_std)
+    names = ("adaptive_greedy", "nonadaptive_coord", "lmmse") + (("nonadaptive_opt",) if optimised else ())
+    est = evaluate_strategies(tree, n_ctx, noise_std, budget, samples=samples, seed=seed, strategies=names)
+    out = {"tau2": tau2}
+    for name, e in est.items():
+        out[name] = e.mean
+    out["gaussian_twin"] = gaussian_coordinate_loss(tree.node_variances, budget, tau2)
+    out["noisefree_adaptive"] = noisefree_adaptive_loss(tree, budget)
+    out["noisefree_nonadaptive"] = noisefree_nonadaptive_loss(tree, budget)
+    if dp:
+        from .dp import dp_value  # local import: dp is optional and slower
+
+        out["dp_optimal"] = dp_value(tree, budget, math.sqrt(tau2))
+    for name, e in est.items():
+        out[f"{name}_stderr"] = e.stderr
+    out["samples"] = samples
+    return out
+
+
+def gaussian_twin_of(tree: TreePrior) -> GaussianPrior:
+    """Shortcut for :meth:`GaussianPrior.twin_of`."""
+    return GaussianPrior.twin_of(tree)

@@ -1,0 +1,290 @@
+"""The rendered book, opened as a reader would: headless Chromium over a local HTTP server.
+
+For every page listed in ``_toc.yml`` this checks that the page loads, raises no JavaScript
+error, logs no console error, requests nothing that fails, renders all its math with the
+MathJax copy served from ``_static/`` (no raw ``$$`` left, no MathJax error), loads every
+image, and (for notebook chapters) offers a Colab launch link.
+
+Needs ``_build/html`` (``make book``) and a Chromium at ``/usr/bin/chromium`` (Debian package
+``chromium``; ``.ci/run`` installs it). Without them the test is skipped, except when the
+environment variable ``CI`` is set: then it fails, so CI can never pass without running it.
+Screenshots of every page go to ``_build/screenshots/``.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import re
+import shutil
+import threading
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+HTML = ROOT / "_build" / "html"
+TOC = ROOT / "_toc.yml"
+SCREENSHOTS = ROOT / "_build" / "screenshots"
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+IN_CI = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+
+# External resources a page may ask for and that are allowed to fail here (no network).
+# Everything else outside 127.0.0.1 is an error. Keep this list short and explained.
+ALLOWED_EXTERNAL = (
+    # myst-nb loads these on pages that carry ipywidgets state; without them a widget shows
+    # no live control, and the chapter's static figure stands in for it.
+    "https://cdnjs.cloudflare.com/ajax/libs/require.js/",
+    "https://cdn.jsdelivr.net/npm/@jupyter-widgets/html-manager@",
+    # Web fonts and analytics that themes may add; the page renders without them.
+    "https://fonts.googleapis.com/",
+    "https://fonts.gstatic.com/",
+    "https://www.googletagmanager.com/",
+    "https://www.google-analytics.com/",
+)
+
+pytestmark = pytest.mark.browser
+
+
+def _unavailable(reason: str):
+    """Fail in CI, skip elsewhere."""
+    if IN_CI:
+        pytest.fail(f"{reason} (CI is set, so this is a failure, not a skip)")
+    pytest.skip(reason)
+
+
+def _toc_files(toc_path: Path = TOC) -> list[str]:
+    """Every document of the table of contents (root first), as paths without suffix."""
+    toc = yaml.safe_load(toc_path.read_text())
+    files = [toc["root"]]
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "file" in node:
+                files.append(node["file"])
+            if "glob" in node:
+                raise AssertionError("glob entries in _toc.yml are not supported by this test")
+            for key in ("parts", "chapters", "sections", "subtrees", "entries"):
+                walk(node.get(key))
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(toc)
+    return [re.sub(r"\.(md|ipynb)$", "", f) for f in files]
+
+
+PAGES = _toc_files()
+
+
+def _is_notebook(doc: str) -> bool:
+    return (ROOT / f"{doc}.ipynb").exists()
+
+
+def _allowed_external(url: str) -> bool:
+    return url.startswith(ALLOWED_EXTERNAL)
+
+
+def _is_local(url: str) -> bool:
+    parsed = urlparse(url)
+    return parsed.scheme in ("data", "blob", "about") or parsed.hostname in ("127.0.0.1", "localhost")
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - signature of the base class
+        pass
+
+
+@pytest.fixture(scope="module")
+def server():
+    if not (HTML / "index.html").exists():
+        _unavailable(f"{HTML} has no index.html: run `make book` first")
+    handler = functools.partial(_QuietHandler, directory=str(HTML))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists() and shutil.which(CHROMIUM) is None:
+        _unavailable(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError as exc:  # pragma: no cover - playwright is pinned in requirements.txt
+        _unavailable(f"playwright is not installed: {exc}")
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield b
+        b.close()
+
+
+# JavaScript run in the page after load.
+_WAIT_FOR_IMAGES = """
+async () => {
+  const imgs = Array.from(document.images);
+  imgs.forEach(img => { img.loading = "eager"; });
+  await Promise.all(imgs.map(img => img.complete ? null :
+      new Promise(resolve => { img.addEventListener("load", resolve); img.addEventListener("error", resolve); })));
+  return imgs.map(img => ({src: img.currentSrc || img.src, ok: img.complete && img.naturalWidth > 0}));
+}
+"""
+
+_WAIT_FOR_MATHJAX = """
+async () => {
+  const deadline = Date.now() + 30000;
+  while (!(window.MathJax && MathJax.startup && MathJax.startup.promise)) {
+    if (Date.now() > deadline) return false;
+    await new Promise(r => setTimeout(r, 100));
+  }
+  await MathJax.startup.promise;
+  if (MathJax.typesetPromise) await MathJax.typesetPromise();
+  return true;
+}
+"""
+
+_MATH_REPORT = """
+() => {
+  const article = document.querySelector("main") || document.body;
+  const mathEls = Array.from(article.querySelectorAll(".math"));
+  const unrendered = mathEls.filter(el => !el.querySelector("mjx-container"))
+                            .map(el => el.textContent.trim().slice(0, 80));
+  // Visible prose only: skip code, scripts and MathJax's own output.
+  const skip = "pre, code, script, style, mjx-container, .highlight, textarea";
+  const walker = document.createTreeWalker(article, NodeFilter.SHOW_TEXT);
+  const texts = [];
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    if (n.parentElement && !n.parentElement.closest(skip)) texts.push(n.nodeValue);
+  }
+  return {
+    nMath: mathEls.length,
+    nContainers: article.querySelectorAll("mjx-container").length,
+    nErrors: document.querySelectorAll("mjx-merror").length,
+    errorTexts: Array.from(document.querySelectorAll("mjx-merror")).map(e => e.getAttribute("data-mjx-error") || e.textContent).slice(0, 5),
+    unrendered: unrendered.slice(0, 5),
+    text: texts.join(" "),
+    h1: (document.querySelector("h1") || {}).textContent || "",
+  };
+}
+"""
+
+
+@pytest.mark.parametrize("doc", PAGES)
+def test_page_renders(doc, server, browser):
+    html_file = HTML / f"{doc}.html"
+    assert html_file.exists(), f"{doc} is in _toc.yml but {html_file} was not built"
+
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    problems: list[str] = []
+    external: list[str] = []
+
+    def route(r):
+        url = r.request.url
+        if _is_local(url):
+            r.continue_()
+        else:
+            external.append(url)
+            r.abort()
+
+    page.route("**/*", route)
+    page.on("pageerror", lambda exc: problems.append(f"JavaScript error: {exc}"))
+
+    def on_console(msg):
+        if msg.type != "error":
+            return
+        where = (msg.location or {}).get("url", "")
+        if where and _allowed_external(where):
+            return
+        problems.append(f"console error: {msg.text} ({where})")
+
+    page.on("console", on_console)
+
+    def on_failed(req):
+        if _is_local(req.url):
+            problems.append(f"request failed: {req.url} ({req.failure})")
+
+    page.on("requestfailed", on_failed)
+
+    def on_response(resp):
+        if _is_local(resp.url) and resp.status >= 400:
+            problems.append(f"HTTP {resp.status}: {resp.url}")
+
+    page.on("response", on_response)
+
+    try:
+        response = page.goto(f"{server}/{doc}.html", wait_until="load", timeout=60_000)
+        assert response is not None and response.ok, f"{doc}: HTTP {response and response.status}"
+
+        images = page.evaluate(_WAIT_FOR_IMAGES)
+        broken = [i["src"] for i in images if not i["ok"]]
+        assert not broken, f"{doc}: images that did not load: {broken}"
+
+        # A missing asset (a 404, a failed script) explains most later failures: say so first.
+        assert not problems, f"{doc}:\n" + "\n".join(problems)
+
+        has_math = page.locator("main .math").count() > 0
+        if has_math:
+            assert page.evaluate(_WAIT_FOR_MATHJAX), f"{doc}: MathJax did not start within 30 s"
+        report = page.evaluate(_MATH_REPORT)
+        page.wait_for_timeout(200)  # let late console messages arrive
+
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOTS / f"{doc.replace('/', '__')}.png"), full_page=True)
+    finally:
+        context.close()
+
+    assert report["h1"].strip(), f"{doc}: page has no title"
+    if has_math:
+        assert report["nContainers"] >= report["nMath"] > 0, (
+            f"{doc}: {report['nMath']} math elements but {report['nContainers']} rendered; "
+            f"unrendered: {report['unrendered']}"
+        )
+        assert not report["unrendered"], f"{doc}: math not rendered: {report['unrendered']}"
+    assert report["nErrors"] == 0, f"{doc}: MathJax errors: {report['errorTexts']}"
+    text = report["text"]
+    assert "$$" not in text, f"{doc}: raw $$ in the visible text"
+    raw_tex = re.findall(r"\\\(|\\\[|\$\\[A-Za-z]+", text)
+    assert not raw_tex, f"{doc}: raw TeX in the visible text: {raw_tex[:5]}"
+
+    unexpected = sorted({u for u in external if not _allowed_external(u)})
+    assert not unexpected, f"{doc}: requests to external hosts: {unexpected}"
+    assert not problems, f"{doc}:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("doc", [d for d in PAGES if _is_notebook(d)])
+def test_notebook_has_colab_button(doc):
+    """Notebook chapters link to Colab at the notebook's path in the repository."""
+    html_file = HTML / f"{doc}.html"
+    if not html_file.exists():
+        _unavailable(f"{html_file} is missing: run `make book` first")
+    cfg = yaml.safe_load((ROOT / "_config.yml").read_text())
+    repo = urlparse(cfg["repository"]["url"]).path.strip("/")
+    branch = cfg["repository"].get("branch", "main")
+    expected = f"https://colab.research.google.com/github/{repo}/blob/{branch}/{doc}.ipynb"
+    assert expected in html_file.read_text(encoding="utf-8"), f"{doc}: no Colab link {expected}"
+
+
+def test_toc_lists_pages():
+    """The toc parser finds the root and at least one chapter (guards against an empty run)."""
+    assert PAGES and PAGES[0] == yaml.safe_load(TOC.read_text())["root"]
+    assert len(PAGES) >= 2
+    for doc in PAGES:
+        assert (ROOT / f"{doc}.md").exists() or (ROOT / f"{doc}.ipynb").exists(), doc

@@ -1,0 +1,55 @@
+"""The command-line contract of DESIGN section 8."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+THEORY = ["theory", "--prior", "tree", "--depth", "4", "--alpha", "0.5", "--n-ctx", "64", "--noise-std", "0.1", "--budget", "4"]
+KEYS = {"tau2", "adaptive_greedy", "nonadaptive_coord", "lmmse", "gaussian_twin", "noisefree_adaptive", "noisefree_nonadaptive"}
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "fvlib", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_theory_json_has_exactly_the_contract_keys():
+    out = run_cli(*THEORY, "--samples", "500", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert set(result) == KEYS
+    assert result["tau2"] == pytest.approx((1 + 0.5 + 0.25 + 0.125 + 0.01) / 64)
+    assert result["noisefree_adaptive"] == 0.0
+
+
+def test_theory_optional_keys():
+    out = run_cli("theory", "--depth", "3", "--n-ctx", "128", "--budget", "2", "--samples", "300", "--dp", "--optimised", "--stderr", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert {"nonadaptive_opt", "dp_optimal", "stderr", "samples"} <= set(result)
+    assert result["samples"] == 300
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--depth", "-1"], "-1"),
+        (["--depth", "3", "--alpha", "1.5"], "1.5"),
+        (["--depth", "3", "--alpha", "0"], "alpha"),
+        (["--depth", "3", "--budget", "0"], "budget"),
+        (["--depth", "3", "--budget", "99"], "99"),
+        (["--depth", "3", "--n-ctx", "zero"], "zero"),
+        (["--depth", "3", "--noise-std", "-0.5"], "-0.5"),
+    ],
+)
+def test_bad_input_is_one_line_without_traceback(args, needle):
+    base = {"--depth": "3", "--n-ctx": "16", "--budget": "2"}
+    for flag, value in zip(args[::2], args[1::2]):
+        base[flag] = value
+    argv = ["theory"] + [x for kv in base.items() for x in kv]
+    out = run_cli(*argv)
+    assert out.returncode != 0
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr
+    assert needle in lines[0]
