@@ -2,7 +2,7 @@
 
 Setting: the Gaussian channel with noise std ``tau`` given directly; each of the ``L`` layers
 measures one node ``a`` and observes ``phi ~ N(theta[a], tau^2)`` (fresh noise, so measuring a
-node again is allowed and useful). With belief ``b`` over the ``2^K`` leaves,
+node again is allowed and useful). With belief ``b`` over the ``2^K`` leaves::
 
     V_L(b) = E_b |theta - E_b theta|^2,     V_l(b) = min_a E[ V_{l+1}(b') | b, a ].
 

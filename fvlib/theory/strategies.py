@@ -112,7 +112,8 @@ def run_greedy(tree: TreePrior, channel, n_layers: int, tau2: float, forced: dic
     """Run the greedy adaptive policy for ``n_layers`` steps.
 
     Args:
-        channel: a :class:`FiniteSampleChannel` or :class:`GaussianChannel` over ``B`` contexts.
+        channel: a :class:`~fvlib.theory.channel.FiniteSampleChannel` or
+            :class:`~fvlib.theory.channel.GaussianChannel` over ``B`` contexts.
         tau2: the channel variance used in the likelihood.
         forced: optional ``{layer: nodes (B,)}`` with 1-based layers; at those layers the given
             nodes are measured instead of the greedy choice (the key-patching intervention).
