@@ -217,15 +217,20 @@ def optimise_directions(
     return orthonormal_rows(W.detach())
 
 
-def mc_contexts(prior, samples: int, n_ctx: int, noise_std: float, seed: int):
-    """Shared Monte Carlo contexts: latents ``(S, D)``, signs (tree) and statistics ``g_hat (S, D)``."""
+def mc_contexts(prior, samples: int, n_ctx: int, noise_std: float, seed: int, statistic: bool = True):
+    """Shared Monte Carlo contexts: latents ``(S, D)``, signs (tree) and statistics ``g_hat (S, D)``.
+
+    With ``statistic=False`` the statistic is not drawn (``None``): the Gaussian channel does
+    not need it, and drawing it costs ``O(N)`` per context.
+    """
     gen = torch.Generator().manual_seed(seed)
     if isinstance(prior, TreePrior):
         signs = prior.sample_signs(samples, gen)
         theta = prior.theta_from_signs(signs)
     else:
         signs, theta = None, prior.sample(samples, gen)
-    return theta, signs, sample_statistic(theta, n_ctx, noise_std, gen)
+    g_hat = sample_statistic(theta, n_ctx, noise_std, gen) if statistic else None
+    return theta, signs, g_hat
 
 
 def _squared_errors(theta_hat, theta):
@@ -259,7 +264,7 @@ def evaluate_strategies(
         raise ValueError(f"channel must be 'finite' or 'gaussian', got {channel!r}")
     tau2 = channel_tau2(tree, n_ctx, noise_std)
     _check_budget(budget)
-    theta, _, g_hat = mc_contexts(tree, samples, n_ctx, noise_std, seed)
+    theta, _, g_hat = mc_contexts(tree, samples, n_ctx, noise_std, seed, statistic=channel == "finite")
     gen = torch.Generator().manual_seed(seed + 1)
 
     def make_channel():
