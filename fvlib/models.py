@@ -1,0 +1,537 @@
+"""Constrained linear-attention transformers: models A, B and C (DESIGN section 5).
+
+A context of ``N`` tokens ``z_i = (x_i, y_i)`` and a query token ``x_q`` go in; layer
+``l = 1..L`` computes
+
+* keys ``k_i^l = router_l(x_i, Phi_{l-1})`` in ``R^d`` (``d`` heads, one scalar channel each),
+* values ``v_i = y_i``,
+* the pooled statistic ``phi_l = (1/N) sum_i k_i^l v_i`` in ``R^d`` (linear attention with
+  uniform weights, so every token receives the same ``phi_l``),
+* the workspace (function vector) ``Phi_l = Phi_{l-1} (+) phi_l`` in ``R^{l d}``,
+
+and the readout is ``theta_hat = decoder(Phi_L)`` in ``R^D``, ``y_hat_q = <theta_hat, x_q>``.
+
+Router kinds:
+
+* ``gated`` -- ``k = G_l(Phi_{l-1}) x`` with ``G_l`` an MLP from ``Phi_{l-1}`` to a ``(d, D)``
+  matrix (multiplicative gating, as in GLU MLPs). ``Phi_0`` is empty, so ``G_1`` is a learned
+  constant matrix: layer 1 always measures fixed directions.
+* ``mlp`` -- a plain MLP on the concatenation ``[x_i, Phi_{l-1}]`` (optional, harder to train).
+* ``linear`` -- ``k = W_l x`` (no dependence on ``Phi``).
+
+Decoder kinds: ``mlp`` and ``linear`` (no bias).
+
+Hook points (TransformerLens style, plain torch underneath). **Layers are numbered from 1**,
+as in the book's math, so ``blocks.1`` is the first layer and ``blocks.{L}`` the last; the hook
+names are also the module paths (``model.blocks["1"].hook_keys``):
+
+* ``blocks.{l}.hook_keys`` -- ``(B, N, d)``: keys ``k_i^l`` of every context token;
+* ``blocks.{l}.hook_phi`` -- ``(B, d)``: pooled statistic ``phi_l``;
+* ``blocks.{l}.hook_workspace`` -- ``(B, l d)``: workspace ``Phi_l = (phi_1, ..., phi_l)``;
+* ``hook_theta_hat`` -- ``(B, D)``: decoder output ``theta_hat``;
+* ``hook_prediction`` -- ``(B,)``: query prediction ``y_hat_q`` (``(B, Q)`` for ``Q`` query
+  tokens per context).
+
+A hook is ``fn(tensor, hook) -> tensor | None``; returning ``None`` keeps the tensor and
+``hook.name`` is the hook's name. Use :meth:`FVTransformer.run_with_cache`,
+:meth:`FVTransformer.run_with_hooks` or the context manager :meth:`FVTransformer.hooks`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass, fields
+
+import torch
+from torch import nn
+
+from .priors import Prior
+from .task import TaskBatch
+
+__all__ = [
+    "ROUTER_KINDS",
+    "DECODER_KINDS",
+    "MODEL_KINDS",
+    "ModelConfig",
+    "HookPoint",
+    "ActivationCache",
+    "FVTransformer",
+    "model_a",
+    "model_b",
+    "model_c",
+    "model_config",
+    "make_model",
+]
+
+ROUTER_KINDS = ("gated", "mlp", "linear")
+DECODER_KINDS = ("mlp", "linear")
+MODEL_KINDS = ("A", "B", "C")
+
+HookFn = Callable[[torch.Tensor, "HookPoint"], "torch.Tensor | None"]
+
+
+# ----------------------------------------------------------------------------------------
+# Configuration
+# ----------------------------------------------------------------------------------------
+def _check_positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of an :class:`FVTransformer`.
+
+    Attributes:
+        dim: input dimension ``D`` (``2^K - 1`` for a tree of depth ``K``).
+        n_layers: depth ``L``.
+        channels: channels per layer ``d``; the communication budget is ``M = d L``.
+        router: ``'gated'``, ``'mlp'`` or ``'linear'``.
+        decoder: ``'mlp'`` or ``'linear'``.
+        width: hidden width of the router and decoder MLPs.
+        hidden_layers: number of hidden layers of each MLP (router and decoder).
+    """
+
+    dim: int
+    n_layers: int
+    channels: int
+    router: str = "gated"
+    decoder: str = "mlp"
+    width: int = 128
+    hidden_layers: int = 2
+
+    def __post_init__(self):
+        for name in ("dim", "n_layers", "channels", "width", "hidden_layers"):
+            _check_positive_int(name, getattr(self, name))
+        if self.router not in ROUTER_KINDS:
+            raise ValueError(f"router must be one of {ROUTER_KINDS}, got {self.router!r}")
+        if self.decoder not in DECODER_KINDS:
+            raise ValueError(f"decoder must be one of {DECODER_KINDS}, got {self.decoder!r}")
+
+    @property
+    def budget(self) -> int:
+        """Total communication budget ``M = d L``."""
+        return self.channels * self.n_layers
+
+    def to_dict(self) -> dict:
+        """A JSON-serialisable dict (inverse of :meth:`from_dict`)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "ModelConfig":
+        """Build from a dict; unknown keys raise ``ValueError`` naming them."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"model config must be a mapping, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown model config keys: {unknown}")
+        return cls(**data)
+
+
+# ----------------------------------------------------------------------------------------
+# Hooks and caches
+# ----------------------------------------------------------------------------------------
+class HookPoint(nn.Module):
+    """Identity module marking a named activation; hooks may read or replace it.
+
+    Each hook is ``fn(tensor, hook) -> tensor | None``; hooks run in the order they were
+    added and a returned tensor replaces the activation (``None`` keeps it).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.name = ""
+        self._hook_fns: list[HookFn] = []
+
+    def add_hook(self, fn: HookFn) -> None:
+        self._hook_fns.append(fn)
+
+    def remove_hooks(self) -> None:
+        self._hook_fns.clear()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for fn in self._hook_fns:
+            out = fn(x, self)
+            if out is not None:
+                if out.shape != x.shape:
+                    raise ValueError(
+                        f"hook on {self.name} returned shape {tuple(out.shape)}, expected {tuple(x.shape)}"
+                    )
+                x = out
+        return x
+
+    def extra_repr(self) -> str:
+        return f"name={self.name!r}"
+
+
+class ActivationCache(Mapping):
+    """Read-only mapping from hook name to the activation recorded in one forward pass."""
+
+    def __init__(self, activations: dict[str, torch.Tensor]):
+        self._activations = dict(activations)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        try:
+            return self._activations[name]
+        except KeyError:
+            raise KeyError(f"{name!r} is not in the cache; cached: {sorted(self._activations)}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._activations)
+
+    def __len__(self) -> int:
+        return len(self._activations)
+
+    def to(self, device: str | torch.device) -> "ActivationCache":
+        return ActivationCache({k: v.to(device) for k, v in self._activations.items()})
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{k}: {tuple(v.shape)}" for k, v in self._activations.items())
+        return f"ActivationCache({shapes})"
+
+
+def _names_filter(names_filter) -> Callable[[str], bool]:
+    """``None`` (all), a name or glob pattern, a list of them, or a predicate."""
+    if names_filter is None:
+        return lambda name: True
+    if callable(names_filter):
+        return names_filter
+    patterns = [names_filter] if isinstance(names_filter, str) else list(names_filter)
+    return lambda name: any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+# ----------------------------------------------------------------------------------------
+# Building blocks
+# ----------------------------------------------------------------------------------------
+def _mlp(n_in: int, n_out: int, width: int, hidden_layers: int) -> nn.Sequential:
+    """``n_in -> width -> ... -> n_out`` with GELU; the last layer starts at zero weights."""
+    layers: list[nn.Module] = []
+    for i in range(hidden_layers):
+        layers += [nn.Linear(n_in if i == 0 else width, width), nn.GELU()]
+    last = nn.Linear(width, n_out)
+    nn.init.zeros_(last.weight)
+    nn.init.zeros_(last.bias)
+    layers.append(last)
+    return nn.Sequential(*layers)
+
+
+def _measurement_init(channels: int, dim: int, row_norm: float) -> nn.Parameter:
+    """A random ``(d, D)`` measurement matrix whose rows have norm about ``row_norm``."""
+    return nn.Parameter(torch.randn(channels, dim) * (row_norm / math.sqrt(dim)))
+
+
+class GatedRouter(nn.Module):
+    """``k_i = G(Phi) x_i`` with ``G(Phi) = base + MLP(Phi)`` a ``(d, D)`` matrix; at layer 1
+    ``Phi`` is empty and ``G`` is the learned constant ``base``. The MLP's last layer starts at
+    zero, so every layer starts non-adaptive and learns to depend on ``Phi``."""
+
+    def __init__(self, dim: int, channels: int, workspace_dim: int, width: int, hidden_layers: int):
+        super().__init__()
+        self.dim, self.channels = dim, channels
+        # Standard normal entries (row norm sqrt(D)): E[phi^2] = E|theta|^2 at initialisation
+        # for any prior, so the MLPs downstream see signal from the start.
+        self.base = _measurement_init(channels, dim, math.sqrt(dim))
+        self.gate = _mlp(workspace_dim, channels * dim, width, hidden_layers) if workspace_dim else None
+
+    def matrix(self, workspace: torch.Tensor) -> torch.Tensor:
+        """The measurement matrices ``G(Phi)``, shape ``(B, d, D)``."""
+        base = self.base.expand(workspace.shape[0], -1, -1)
+        if self.gate is None:
+            return base
+        return base + self.gate(workspace).view(-1, self.channels, self.dim)
+
+    def forward(self, x: torch.Tensor, workspace: torch.Tensor) -> torch.Tensor:
+        if self.gate is None:
+            return x @ self.base.T
+        return torch.bmm(x, self.matrix(workspace).transpose(1, 2))
+
+
+class LinearRouter(nn.Module):
+    """``k_i = W x_i`` with a fixed ``(d, D)`` matrix ``W``."""
+
+    def __init__(self, dim: int, channels: int):
+        super().__init__()
+        # Unit-norm rows: nothing downstream needs a large signal, and a small start lets the
+        # linear model shed off-target directions quickly (it converges to the LMMSE sooner).
+        self.weight = _measurement_init(channels, dim, 1.0)
+
+    def forward(self, x: torch.Tensor, workspace: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight.T
+
+
+class MLPRouter(nn.Module):
+    """``k_i = MLP([x_i, Phi])`` applied token by token."""
+
+    def __init__(self, dim: int, channels: int, workspace_dim: int, width: int, hidden_layers: int):
+        super().__init__()
+        self.net = _mlp(dim + workspace_dim, channels, width, hidden_layers)
+        nn.init.normal_(self.net[-1].weight, std=1.0 / math.sqrt(width))
+
+    def forward(self, x: torch.Tensor, workspace: torch.Tensor) -> torch.Tensor:
+        context = workspace[:, None, :].expand(-1, x.shape[1], -1)
+        return self.net(torch.cat([x, context], dim=-1))
+
+
+class Block(nn.Module):
+    """One layer: route (keys), pool against the values ``y_i``, append to the workspace."""
+
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        workspace_dim = (layer - 1) * config.channels
+        if config.router == "gated":
+            self.router = GatedRouter(
+                config.dim, config.channels, workspace_dim, config.width, config.hidden_layers
+            )
+        elif config.router == "mlp":
+            self.router = MLPRouter(
+                config.dim, config.channels, workspace_dim, config.width, config.hidden_layers
+            )
+        else:
+            self.router = LinearRouter(config.dim, config.channels)
+        self.hook_keys = HookPoint()
+        self.hook_phi = HookPoint()
+        self.hook_workspace = HookPoint()
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, workspace: torch.Tensor) -> torch.Tensor:
+        """``x (B, N, D)``, ``y (B, N)``, ``workspace Phi_{l-1} (B, (l-1) d)`` -> ``Phi_l (B, l d)``."""
+        keys = self.hook_keys(self.router(x, workspace))  # (B, N, d)
+        phi = self.hook_phi(torch.einsum("bnc,bn->bc", keys, y) / y.shape[1])  # (B, d)
+        return self.hook_workspace(torch.cat([workspace, phi], dim=-1))
+
+
+# ----------------------------------------------------------------------------------------
+# The model
+# ----------------------------------------------------------------------------------------
+class FVTransformer(nn.Module):
+    """Constrained linear-attention transformer with a growing workspace (see module docs).
+
+    ``forward(batch)`` or ``forward(x, y, x_query)`` returns the query predictions
+    ``y_hat_q`` of shape ``(B,)``; :meth:`predict_theta` returns ``theta_hat`` ``(B, D)``.
+    Layers are numbered ``1..L``: ``model.blocks["l"]`` is layer ``l``.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        if not isinstance(config, ModelConfig):
+            raise ValueError(f"config must be a ModelConfig, got {type(config).__name__}")
+        self.config = config
+        self.blocks = nn.ModuleDict({str(l): Block(config, l) for l in range(1, config.n_layers + 1)})
+        workspace_dim = config.budget
+        if config.decoder == "mlp":
+            self.decoder = _mlp(workspace_dim, config.dim, config.width, config.hidden_layers)
+        else:
+            self.decoder = nn.Linear(workspace_dim, config.dim, bias=False)
+            nn.init.zeros_(self.decoder.weight)
+        self.hook_theta_hat = HookPoint()
+        self.hook_prediction = HookPoint()
+        self._hook_points = {name: m for name, m in self.named_modules() if isinstance(m, HookPoint)}
+        for name, hook_point in self._hook_points.items():
+            hook_point.name = name
+
+    # ----- forward ---------------------------------------------------------------------
+    def block(self, layer: int) -> Block:
+        """Layer ``l`` (1-based)."""
+        if not 1 <= layer <= self.config.n_layers:
+            raise ValueError(f"layer must be in [1, {self.config.n_layers}], got {layer!r}")
+        return self.blocks[str(layer)]
+
+    def workspace(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The final workspace ``Phi_L``, shape ``(B, L d)``."""
+        workspace = x.new_zeros(x.shape[0], 0)
+        for block in self.blocks.values():
+            workspace = block(x, y, workspace)
+        return workspace
+
+    def _theta_and_prediction(self, x, y, x_query) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y, x_query = self._check_inputs(x, y, x_query)
+        theta_hat = self.hook_theta_hat(self.decoder(self.workspace(x, y)))
+        if x_query.ndim == 2:
+            prediction = (theta_hat * x_query).sum(-1)
+        else:
+            prediction = torch.einsum("bd,bqd->bq", theta_hat, x_query)
+        prediction = self.hook_prediction(prediction)
+        return theta_hat, prediction
+
+    def forward(
+        self, batch_or_x, y: torch.Tensor | None = None, x_query: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Query predictions ``y_hat_q``, shape ``(B,)``.
+
+        Call with a :class:`TaskBatch` or with tensors ``x (B, N, D)``, ``y (B, N)``,
+        ``x_query (B, D)``. Several query tokens per context, ``x_query (B, Q, D)``, give
+        predictions ``(B, Q)``.
+        """
+        return self._theta_and_prediction(*self._unpack(batch_or_x, y, x_query))[1]
+
+    def predict_theta(
+        self, batch_or_x, y: torch.Tensor | None = None, x_query: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The decoder output ``theta_hat`` (after ``hook_theta_hat``), shape ``(B, D)``.
+
+        Runs the full forward pass, so hooks on ``hook_prediction`` also fire.
+        """
+        return self._theta_and_prediction(*self._unpack(batch_or_x, y, x_query))[0]
+
+    def _unpack(self, batch_or_x, y, x_query):
+        if isinstance(batch_or_x, TaskBatch):
+            if y is not None or x_query is not None:
+                raise ValueError("pass either a TaskBatch or the tensors x, y, x_query, not both")
+            return batch_or_x.x, batch_or_x.y, batch_or_x.x_query
+        if y is None or x_query is None:
+            raise ValueError("forward needs a TaskBatch or all of x, y, x_query")
+        return batch_or_x, y, x_query
+
+    def _check_inputs(self, x, y, x_query):
+        D = self.config.dim
+        if x.ndim != 3 or x.shape[-1] != D:
+            raise ValueError(f"x must have shape (B, N, {D}), got {tuple(x.shape)}")
+        B, N, _ = x.shape
+        if tuple(y.shape) != (B, N):
+            raise ValueError(f"y must have shape {(B, N)}, got {tuple(y.shape)}")
+        if x_query.shape[0] != B or x_query.shape[-1] != D or x_query.ndim not in (2, 3):
+            raise ValueError(
+                f"x_query must have shape ({B}, {D}) or ({B}, Q, {D}), got {tuple(x_query.shape)}"
+            )
+        dtype = next(self.parameters()).dtype
+        return x.to(dtype), y.to(dtype), x_query.to(dtype)
+
+    # ----- hooks -----------------------------------------------------------------------
+    def hook_names(self) -> list[str]:
+        """All hook names in forward order: per layer keys, phi, workspace; then theta_hat, prediction."""
+        return list(self._hook_points)
+
+    def hook_point(self, name: str) -> HookPoint:
+        self._check_hook_names([name])
+        return self._hook_points[name]
+
+    def _check_hook_names(self, names: Iterable[str]) -> None:
+        unknown = [n for n in names if n not in self._hook_points]
+        if unknown:
+            raise ValueError(f"unknown hook names {unknown}; known: {self.hook_names()}")
+
+    def reset_hooks(self) -> None:
+        """Remove every hook from every hook point."""
+        for hook_point in self._hook_points.values():
+            hook_point.remove_hooks()
+
+    @contextlib.contextmanager
+    def hooks(self, fwd_hooks: Iterable[tuple[str, HookFn]] = ()):
+        """Context manager that adds ``(name, fn)`` hooks and removes them on exit."""
+        fwd_hooks = list(fwd_hooks)
+        self._check_hook_names([name for name, _ in fwd_hooks])
+        added: list[tuple[HookPoint, HookFn]] = []
+        try:
+            for name, fn in fwd_hooks:
+                hook_point = self._hook_points[name]
+                hook_point.add_hook(fn)
+                added.append((hook_point, fn))
+            yield self
+        finally:
+            for hook_point, fn in added:
+                hook_point._hook_fns.remove(fn)
+
+    def run_with_hooks(self, batch_or_x, *args, fwd_hooks: Iterable[tuple[str, HookFn]] = ()) -> torch.Tensor:
+        """Forward pass (same arguments as :meth:`forward`) with temporary hooks."""
+        with self.hooks(fwd_hooks):
+            return self(batch_or_x, *args)
+
+    def run_with_cache(
+        self, batch_or_x, *args, names_filter=None, detach: bool = True
+    ) -> tuple[torch.Tensor, ActivationCache]:
+        """Forward pass that records activations.
+
+        Args:
+            names_filter: ``None`` (all hooks), a name or glob pattern (``"blocks.*.hook_keys"``),
+                a list of them, or a predicate on names.
+            detach: detach the cached tensors from the autograd graph.
+
+        Returns:
+            ``(y_hat_q, cache)``; ``cache[name]`` is the activation *after* any hook on it.
+        """
+        keep = _names_filter(names_filter)
+        activations: dict[str, torch.Tensor] = {}
+
+        def record(tensor, hook):
+            activations[hook.name] = tensor.detach() if detach else tensor
+
+        names = [n for n in self.hook_names() if keep(n)]
+        if isinstance(names_filter, (str, list, tuple)) and not names:
+            raise ValueError(f"names_filter {names_filter!r} matches no hook; known: {self.hook_names()}")
+        prediction = self.run_with_hooks(batch_or_x, *args, fwd_hooks=[(n, record) for n in names])
+        return prediction, ActivationCache({n: activations[n] for n in names})
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (
+            f"D={c.dim}, L={c.n_layers}, d={c.channels}, router={c.router!r}, "
+            f"decoder={c.decoder!r}, width={c.width}"
+        )
+
+
+# ----------------------------------------------------------------------------------------
+# Factories
+# ----------------------------------------------------------------------------------------
+def _dim_of(prior_or_dim: Prior | int) -> int:
+    if isinstance(prior_or_dim, Prior):
+        return prior_or_dim.dim
+    _check_positive_int("dim", prior_or_dim)
+    return prior_or_dim
+
+
+#: ``kind -> (n_layers, channels, router, decoder)`` as functions of the budget ``M``.
+_LAYOUTS = {
+    "A": lambda M: (M, 1, "gated", "mlp"),
+    "B": lambda M: (1, M, "gated", "mlp"),
+    "C": lambda M: (1, M, "linear", "linear"),
+}
+
+
+def model_config(
+    kind: str, prior_or_dim: Prior | int, budget: int, width: int = 128, hidden_layers: int = 2
+) -> ModelConfig:
+    """The :class:`ModelConfig` of model ``'A'``, ``'B'`` or ``'C'`` with budget ``M``."""
+    if kind not in _LAYOUTS:
+        raise ValueError(f"model kind must be one of {MODEL_KINDS}, got {kind!r}")
+    _check_positive_int("budget", budget)
+    n_layers, channels, router, decoder = _LAYOUTS[kind](budget)
+    return ModelConfig(_dim_of(prior_or_dim), n_layers, channels, router, decoder, width, hidden_layers)
+
+
+def model_a(
+    prior_or_dim: Prior | int, budget: int, width: int = 128, hidden_layers: int = 2
+) -> FVTransformer:
+    """Model A: deep and narrow, ``L = M``, ``d = 1``, gated router, MLP decoder."""
+    return FVTransformer(model_config("A", prior_or_dim, budget, width, hidden_layers))
+
+
+def model_b(
+    prior_or_dim: Prior | int, budget: int, width: int = 128, hidden_layers: int = 2
+) -> FVTransformer:
+    """Model B: one wide layer, ``L = 1``, ``d = M``, gated router, MLP decoder.
+
+    With ``Phi_0`` empty its router is a learned constant ``(M, D)`` matrix: optimised
+    non-adaptive directions, decoded by an MLP.
+    """
+    return FVTransformer(model_config("B", prior_or_dim, budget, width, hidden_layers))
+
+
+def model_c(
+    prior_or_dim: Prior | int, budget: int, width: int = 128, hidden_layers: int = 2
+) -> FVTransformer:
+    """Model C: linear attention only, ``L = 1``, ``d = M``, linear router and decoder.
+
+    ``width`` and ``hidden_layers`` are recorded in the config but unused.
+    """
+    return FVTransformer(model_config("C", prior_or_dim, budget, width, hidden_layers))
+
+
+def make_model(
+    kind: str, prior_or_dim: Prior | int, budget: int, width: int = 128, hidden_layers: int = 2
+) -> FVTransformer:
+    """Model ``'A'``, ``'B'`` or ``'C'`` for a prior (or input dimension ``D``) and budget ``M``."""
+    return FVTransformer(model_config(kind, prior_or_dim, budget, width, hidden_layers))

@@ -1,0 +1,467 @@
+"""Causal interventions and probes on trained models (DESIGN section 6), model side.
+
+Donor and target contexts share their inputs ``x_i`` (and query ``x_q``) but come from
+different leaves: the target's leaf ``s`` is uniform and the donor's leaf ``s'`` agrees with
+``s`` on levels ``< m``, differs at level ``m`` (the *split level*) and is uniform below.
+
+* :func:`key_patching_sweep` -- run the donor, cache its keys at layer ``l``, run the target
+  with those keys, measure the target's excess loss; sweep ``(m, l)`` into a heatmap
+  ``loss[m, l - 1]``.
+* :func:`transplant_workspace` -- replace the target's whole workspace ``Phi_l`` by the
+  donor's and measure, level by level, whose ``theta`` the model now predicts.
+* :func:`probe_workspace` -- probes (linear or a small MLP) reading the path signs ``s_k``
+  from ``Phi_l``.
+
+Conventions: layers ``l = 1..L`` (1-based, as in the hook names ``blocks.{l}``) are stored in
+column ``l - 1``; tree levels ``m, k = 0..K-1`` (0-based, as in :mod:`fvlib.priors`). In the
+ideal adaptive model layer ``l`` measures the path node at level ``l - 1``, which depends on
+the signs ``s_0 .. s_{l-2}``; donor keys at layer ``l`` therefore route the target to the same
+node when ``m >= l - 1`` (no effect) and to a node off its path when ``m < l - 1`` (large
+effect, largest when the paths split early and the patch comes early).
+
+The same heatmap for the greedy theory policy under the same intervention is
+``fvlib.theory.theory_patching_sweep`` (theory side, not in this module).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from .models import FVTransformer
+from .priors import TreePrior
+from .task import TaskBatch, make_generator, sample_task
+
+__all__ = [
+    "patching_pairs",
+    "donor_signs",
+    "patch_keys",
+    "PatchingResult",
+    "key_patching_sweep",
+    "TransplantResult",
+    "transplant_workspace",
+    "ProbeResult",
+    "probe_workspace",
+    "level_overlap",
+    "fit_linear_probe",
+    "fit_mlp_probe",
+    "probe_accuracy",
+]
+
+#: Contexts per forward pass in the sweeps (bounds memory: ``chunk * N * D`` floats).
+DEFAULT_CHUNK = 500
+
+
+# ----------------------------------------------------------------------------------------
+# Donor / target pairs
+# ----------------------------------------------------------------------------------------
+def _check_tree(tree) -> TreePrior:
+    if not isinstance(tree, TreePrior):
+        raise ValueError(f"patching needs a TreePrior, got {tree!r}")
+    return tree
+
+
+def _check_count(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def donor_signs(
+    tree: TreePrior, target_signs: torch.Tensor, split_level: int, generator: torch.Generator
+) -> torch.Tensor:
+    """Donor paths that agree with ``target_signs (B, K)`` on levels ``< m``, differ at ``m``
+    and are uniform below; shape ``(B, K)``."""
+    if isinstance(split_level, bool) or not isinstance(split_level, int) or not 0 <= split_level < tree.depth:
+        raise ValueError(f"split_level must be an integer in [0, {tree.depth - 1}], got {split_level!r}")
+    fresh = tree.sample_signs(target_signs.shape[0], generator)
+    signs = target_signs.clone()
+    signs[:, split_level] = -target_signs[:, split_level]
+    signs[:, split_level + 1 :] = fresh[:, split_level + 1 :]
+    return signs
+
+
+def patching_pairs(
+    tree: TreePrior, n_pairs: int, split_level: int, n_ctx: int, noise_std: float, generator: torch.Generator
+) -> tuple[TaskBatch, TaskBatch]:
+    """``(target, donor)`` batches of ``n_pairs`` contexts sharing ``x (B, N, D)`` and ``x_query``.
+
+    The target leaf is uniform; the donor leaf first differs from it at level ``split_level``.
+    Label noise is drawn independently for the two.
+    """
+    _check_tree(tree)
+    _check_count("n_pairs", n_pairs)
+    target = sample_task(tree, n_pairs, n_ctx, noise_std, generator)
+    signs = donor_signs(tree, target.signs, split_level, generator)
+    donor = sample_task(tree, n_pairs, n_ctx, noise_std, generator, signs=signs, x=target.x)
+    query_noise = donor.y_query - (donor.theta * donor.x_query).sum(-1)
+    y_query = (donor.theta * target.x_query).sum(-1) + query_noise
+    return target, replace(donor, x_query=target.x_query, y_query=y_query)
+
+
+# ----------------------------------------------------------------------------------------
+# Key patching
+# ----------------------------------------------------------------------------------------
+def _replace_with(tensor: torch.Tensor):
+    def hook(activation, hook_point):
+        return tensor
+
+    return hook
+
+
+def patch_keys(model: FVTransformer, target: TaskBatch, donor_keys: torch.Tensor, layer: int) -> torch.Tensor:
+    """``theta_hat (B, D)`` of the target run with its keys at ``layer`` (1-based) replaced by
+    ``donor_keys (B, N, d)``."""
+    name = f"blocks.{model.block(layer).layer}.hook_keys"
+    with model.hooks([(name, _replace_with(donor_keys))]):
+        return model.predict_theta(target)
+
+
+def _sq_error(theta_hat: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    """Per-context ``|theta_hat - theta|^2`` as float64 on the CPU, shape ``(B,)``."""
+    return ((theta_hat.double() - theta.double()) ** 2).sum(-1).cpu()
+
+
+def _chunks(total: int, chunk: int) -> list[int]:
+    return [min(chunk, total - start) for start in range(0, total, chunk)]
+
+
+def _mean_and_stderr(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and standard error over the last dimension."""
+    n = values.shape[-1]
+    stderr = values.std(-1) / n**0.5 if n > 1 else torch.full(values.shape[:-1], float("nan"))
+    return values.mean(-1), stderr
+
+
+def _model_device(model: FVTransformer) -> torch.device:
+    return next(model.parameters()).device
+
+
+@dataclass
+class PatchingResult:
+    """Key-patching heatmap.
+
+    Attributes:
+        baseline: excess loss of the unpatched targets (all split levels pooled).
+        baseline_stderr: its standard error.
+        baseline_by_level: ``(K,)``, the unpatched loss on the targets of each split level.
+        loss: ``(K, L)`` tensor; ``loss[m, l - 1]`` is the target's excess loss
+            ``E|theta_hat - theta_target|^2`` when its keys at layer ``l`` come from a donor
+            that splits off at level ``m``.
+        stderr: ``(K, L)`` standard errors of ``loss``.
+        donor_loss: ``(K, L)``, the same runs scored against the donor's ``theta``.
+        n_contexts: donor/target pairs per cell (and per split level for the baseline).
+    """
+
+    baseline: float
+    baseline_stderr: float
+    baseline_by_level: torch.Tensor
+    loss: torch.Tensor
+    stderr: torch.Tensor
+    donor_loss: torch.Tensor
+    n_contexts: int
+
+    @property
+    def split_levels(self) -> list[int]:
+        return list(range(self.loss.shape[0]))
+
+    @property
+    def layers(self) -> list[int]:
+        return list(range(1, self.loss.shape[1] + 1))
+
+    def to_dict(self) -> dict:
+        """JSON-ready: ``loss`` rows are split levels ``m``, columns layers ``l = 1..L``."""
+        return {
+            "baseline": self.baseline,
+            "baseline_stderr": self.baseline_stderr,
+            "baseline_by_level": self.baseline_by_level.tolist(),
+            "loss": self.loss.tolist(),
+            "stderr": self.stderr.tolist(),
+            "donor_loss": self.donor_loss.tolist(),
+            "n_contexts": self.n_contexts,
+        }
+
+
+@torch.no_grad()
+def key_patching_sweep(
+    model: FVTransformer,
+    tree: TreePrior,
+    n_ctx: int,
+    noise_std: float,
+    contexts: int = 2000,
+    seed: int = 0,
+    chunk: int = DEFAULT_CHUNK,
+) -> PatchingResult:
+    """Patch donor keys into the target at every layer ``l`` for every split level ``m``.
+
+    ``contexts`` donor/target pairs per split level (the same pairs for every layer), drawn
+    with ``seed``. See :class:`PatchingResult` for the layout.
+    """
+    _check_tree(tree)
+    _check_count("contexts", contexts)
+    K, L = tree.depth, model.config.n_layers
+    device = _model_device(model)
+    generator = make_generator(seed)
+    baseline = [[] for _ in range(K)]
+    target_err = [[[] for _ in range(L)] for _ in range(K)]
+    donor_err = [[[] for _ in range(L)] for _ in range(K)]
+    for m in range(K):
+        for size in _chunks(contexts, chunk):
+            target, donor = (b.to(device) for b in patching_pairs(tree, size, m, n_ctx, noise_std, generator))
+            _, donor_cache = model.run_with_cache(donor, names_filter="blocks.*.hook_keys")
+            baseline[m].append(_sq_error(model.predict_theta(target), target.theta))
+            for l in range(1, L + 1):
+                theta_hat = patch_keys(model, target, donor_cache[f"blocks.{l}.hook_keys"], l)
+                target_err[m][l - 1].append(_sq_error(theta_hat, target.theta))
+                donor_err[m][l - 1].append(_sq_error(theta_hat, donor.theta))
+    errors = torch.stack([torch.stack([torch.cat(cell) for cell in row]) for row in target_err])  # (K, L, n)
+    donor_errors = torch.stack([torch.stack([torch.cat(cell) for cell in row]) for row in donor_err])
+    loss, stderr = _mean_and_stderr(errors)
+    baseline_errors = torch.stack([torch.cat(level) for level in baseline])  # (K, n)
+    base_mean, base_stderr = _mean_and_stderr(baseline_errors.flatten())
+    return PatchingResult(
+        baseline=float(base_mean),
+        baseline_stderr=float(base_stderr),
+        baseline_by_level=baseline_errors.mean(-1),
+        loss=loss,
+        stderr=stderr,
+        donor_loss=donor_errors.mean(-1),
+        n_contexts=contexts,
+    )
+
+
+# ----------------------------------------------------------------------------------------
+# Workspace transplant
+# ----------------------------------------------------------------------------------------
+def level_overlap(tree: TreePrior, theta_hat: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
+    """Per level ``k``, the fraction of the path coefficient that ``theta_hat`` recovers:
+    ``theta_hat[n_k] s_k / alpha^(k/2)`` at the path node ``n_k`` of ``signs``.
+
+    ``theta_hat (B, D)``, ``signs (B, K)`` -> ``(B, K)``; 1 means that level of this path is
+    predicted exactly, 0 that the model puts nothing there.
+    """
+    nodes = tree.path_nodes(signs.cpu())
+    values = theta_hat.double().cpu().gather(-1, nodes)
+    return values * signs.cpu().double() / tree.level_scales
+
+
+@dataclass
+class TransplantResult:
+    """Whose ``theta`` the model predicts after the target's ``Phi_l`` is replaced by the donor's.
+
+    Attributes:
+        target_overlap: ``(L, K)``; row ``l - 1`` (workspace ``Phi_l`` transplanted), column
+            ``k``: mean :func:`level_overlap` of ``theta_hat`` with the target's path at level
+            ``k`` (1 = the model predicts the target there).
+        donor_overlap: ``(L, K)``, the same with the donor's path.
+        baseline_overlap: ``(K,)``, overlap of the unpatched prediction with the target.
+        split_level: where donor and target paths split (levels below it are shared, so
+            their overlaps coincide there).
+        n_contexts: pairs per cell.
+    """
+
+    target_overlap: torch.Tensor
+    donor_overlap: torch.Tensor
+    baseline_overlap: torch.Tensor
+    split_level: int
+    n_contexts: int
+
+    def to_dict(self) -> dict:
+        return {
+            "target_overlap": self.target_overlap.tolist(),
+            "donor_overlap": self.donor_overlap.tolist(),
+            "baseline_overlap": self.baseline_overlap.tolist(),
+            "split_level": self.split_level,
+            "n_contexts": self.n_contexts,
+        }
+
+
+@torch.no_grad()
+def transplant_workspace(
+    model: FVTransformer,
+    tree: TreePrior,
+    n_ctx: int,
+    noise_std: float,
+    contexts: int = 2000,
+    seed: int = 0,
+    split_level: int = 0,
+    chunk: int = DEFAULT_CHUNK,
+) -> TransplantResult:
+    """Replace the target's workspace ``Phi_l`` (``blocks.{l}.hook_workspace``) by the donor's,
+    for every layer ``l``, and score the prediction against both paths level by level.
+
+    With the default ``split_level=0`` the two paths share no node, so each level's overlap
+    says cleanly whose coefficient the model outputs.
+    """
+    _check_tree(tree)
+    _check_count("contexts", contexts)
+    L = model.config.n_layers
+    device = _model_device(model)
+    generator = make_generator(seed)
+    target_ov, donor_ov, base_ov = [[] for _ in range(L)], [[] for _ in range(L)], []
+    for size in _chunks(contexts, chunk):
+        target, donor = (
+            b.to(device) for b in patching_pairs(tree, size, split_level, n_ctx, noise_std, generator)
+        )
+        _, donor_cache = model.run_with_cache(donor, names_filter="blocks.*.hook_workspace")
+        base_ov.append(level_overlap(tree, model.predict_theta(target), target.signs))
+        for l in range(1, L + 1):
+            name = f"blocks.{l}.hook_workspace"
+            with model.hooks([(name, _replace_with(donor_cache[name]))]):
+                theta_hat = model.predict_theta(target)
+            target_ov[l - 1].append(level_overlap(tree, theta_hat, target.signs))
+            donor_ov[l - 1].append(level_overlap(tree, theta_hat, donor.signs))
+    return TransplantResult(
+        target_overlap=torch.stack([torch.cat(rows).mean(0) for rows in target_ov]),
+        donor_overlap=torch.stack([torch.cat(rows).mean(0) for rows in donor_ov]),
+        baseline_overlap=torch.cat(base_ov).mean(0),
+        split_level=split_level,
+        n_contexts=contexts,
+    )
+
+
+# ----------------------------------------------------------------------------------------
+# Linear probes
+# ----------------------------------------------------------------------------------------
+def fit_linear_probe(features: torch.Tensor, labels: torch.Tensor, ridge: float = 1e-6) -> torch.Tensor:
+    """Least-squares probes with a bias: ``features (n, f)``, labels ``(n,)`` or ``(n, k)`` in
+    {-1, +1} -> weights ``(f + 1,)`` or ``(f + 1, k)`` (last row the bias); float64."""
+    X = torch.cat([features.double(), torch.ones(features.shape[0], 1, dtype=torch.float64)], dim=1)
+    gram = X.T @ X + ridge * X.shape[0] * torch.eye(X.shape[1], dtype=torch.float64)
+    return torch.linalg.solve(gram, X.T @ labels.double())
+
+
+def probe_accuracy(weights: torch.Tensor, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Fraction of ``labels`` (+-1, ``(n,)`` or ``(n, k)``) whose sign the probe gets right,
+    per column."""
+    scores = features.double() @ weights[:-1] + weights[-1]
+    return ((scores > 0) == (labels > 0)).double().mean(0)
+
+
+def fit_mlp_probe(
+    features: torch.Tensor, labels: torch.Tensor, hidden: int = 32, steps: int = 200, seed: int = 0
+) -> torch.nn.Module:
+    """Small nonlinear probe reading all ``k`` labels at once.
+
+    Standardised features ``(n, f)`` -> GELU MLP -> ``k`` scores, logistic loss against
+    labels ``(n, k)`` in {-1, +1}, full-batch Adam; deterministic for a given ``seed``.
+    Returns a module mapping features ``(n, f)`` to scores ``(n, k)`` (positive means +1).
+    """
+    features, labels = features.double(), labels.double().reshape(features.shape[0], -1)
+    mean, std = features.mean(0), features.std(0).clamp_min(1e-12)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        net = torch.nn.Sequential(
+            torch.nn.Linear(features.shape[1], hidden),
+            torch.nn.GELU(),
+            torch.nn.Linear(hidden, hidden),
+            torch.nn.GELU(),
+            torch.nn.Linear(hidden, labels.shape[1]),
+        ).double()
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-2)
+    inputs = (features - mean) / std
+    with torch.enable_grad():
+        for _ in range(steps):
+            loss = torch.nn.functional.softplus(-labels * net(inputs)).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    net.requires_grad_(False)
+    return torch.nn.Sequential(_Standardise(mean, std), net)
+
+
+class _Standardise(torch.nn.Module):
+    def __init__(self, mean: torch.Tensor, std: torch.Tensor):
+        super().__init__()
+        self.mean, self.std = mean, std
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.double() - self.mean) / self.std
+
+
+PROBE_KINDS = ("linear", "mlp")
+
+
+@dataclass
+class ProbeResult:
+    """Decodability of the path from the workspace.
+
+    Attributes:
+        accuracy: ``(L, K)``; row ``l - 1``, column ``k``: test accuracy of a probe reading the
+            sign ``s_k`` from ``Phi_l`` (0.5 = chance).
+        kind: ``'linear'`` (least squares) or ``'mlp'`` (small nonlinear probe).
+        n_train, n_test: contexts used to fit and to score the probes.
+    """
+
+    accuracy: torch.Tensor
+    kind: str
+    n_train: int
+    n_test: int
+
+    def to_dict(self) -> dict:
+        return {
+            "accuracy": self.accuracy.tolist(),
+            "kind": self.kind,
+            "n_train": self.n_train,
+            "n_test": self.n_test,
+        }
+
+
+def _probe_accuracies(kind: str, train_x, train_y, test_x, test_y, seed: int) -> torch.Tensor:
+    """Test accuracy per label column, ``(k,)``."""
+    if kind == "linear":
+        return probe_accuracy(fit_linear_probe(train_x, train_y), test_x, test_y)
+    probe = fit_mlp_probe(train_x, train_y, seed=seed)
+    return ((probe(test_x) > 0) == (test_y > 0)).double().mean(0)
+
+
+@torch.no_grad()
+def probe_workspace(
+    model: FVTransformer,
+    tree: TreePrior,
+    n_ctx: int,
+    noise_std: float,
+    contexts: int = 4000,
+    seed: int = 0,
+    test_fraction: float = 0.5,
+    kind: str = "linear",
+    chunk: int = DEFAULT_CHUNK,
+) -> ProbeResult:
+    """Fit probes ``Phi_l -> s_k`` on a train split and score them on a test split, for every
+    layer ``l`` and level ``k``.
+
+    ``kind='linear'``: closed-form least squares (with a bias) on the +-1 labels. A linear
+    probe only sees signs stored with a fixed orientation; a model may store finer levels
+    with a path-dependent orientation (measuring ``-e_n`` on one branch, ``+e_n`` on the
+    other), which ``kind='mlp'`` still reads: one small MLP per layer with ``K`` outputs,
+    see :func:`fit_mlp_probe`.
+    """
+    _check_tree(tree)
+    _check_count("contexts", contexts)
+    if kind not in PROBE_KINDS:
+        raise ValueError(f"kind must be one of {PROBE_KINDS}, got {kind!r}")
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+    n_test = int(round(contexts * test_fraction))
+    n_train = contexts - n_test
+    if n_train < 2 or n_test < 1:
+        raise ValueError(f"contexts={contexts} is too few to split into train and test sets")
+    L, K = model.config.n_layers, tree.depth
+    device = _model_device(model)
+    generator = make_generator(seed)
+    workspaces, signs = [[] for _ in range(L)], []
+    for size in _chunks(contexts, chunk):
+        batch = sample_task(tree, size, n_ctx, noise_std, generator).to(device)
+        _, cache = model.run_with_cache(batch, names_filter="blocks.*.hook_workspace")
+        for l in range(1, L + 1):
+            workspaces[l - 1].append(cache[f"blocks.{l}.hook_workspace"].cpu())
+        signs.append(batch.signs.cpu())
+    labels = torch.cat(signs)
+    accuracy = torch.zeros(L, K, dtype=torch.float64)
+    for l in range(L):
+        features = torch.cat(workspaces[l])
+        accuracy[l] = _probe_accuracies(
+            kind, features[:n_train], labels[:n_train], features[n_train:], labels[n_train:], seed
+        )
+    return ProbeResult(accuracy=accuracy, kind=kind, n_train=n_train, n_test=n_test)

@@ -1,0 +1,611 @@
+"""Training models A, B, C on in-context regression (DESIGN section 5).
+
+* Fresh contexts every step (infinite data) from a seeded :class:`torch.Generator`.
+* Loss: the query-token loss ``(y_hat_q - y_q)^2``, averaged over the batch and over
+  ``queries`` query tokens per context (the context's own query plus ``queries - 1`` extra
+  ones drawn from the same law). Its expectation is ``sigma^2 + |theta_hat - theta|^2``
+  whatever ``queries`` is; more query tokens only lower the gradient noise (one query
+  token gives a rank-one, very noisy estimate of ``theta_hat - theta`` in ``D`` dimensions).
+* Adam with a cosine learning-rate schedule ``lr_t = lr (1 + cos(pi t / steps)) / 2``.
+* Evaluation on a fixed set of contexts drawn from a *separate* seed (``seed + 10_000``):
+  the excess loss ``E|theta_hat - theta|^2`` and the query loss, which should agree up to
+  ``sigma^2`` (``query_loss ~ noise_std^2 + excess_loss``).
+* Deterministic on CPU: the same config gives bitwise the same numbers, and a run that is
+  interrupted and resumed from its checkpoint ends exactly where an uninterrupted run ends.
+
+A run directory holds (all written atomically: temporary file + ``os.replace``)::
+
+    config.json              TrainConfig and ModelConfig
+    model.safetensors        model weights          (metadata: step)
+    train_state.safetensors  Adam moments, RNG state (metadata: step, JSON scalars)
+    history.json             evaluation history     (and the step it belongs to)
+
+Nothing is ever unpickled: tensors go through safetensors, scalars through JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from .models import MODEL_KINDS, FVTransformer, ModelConfig, model_config
+from .priors import Prior, make_prior
+from .task import TaskBatch, check_task_args, make_generator, sample_task
+
+__all__ = [
+    "PRIOR_KINDS",
+    "EVAL_SEED_OFFSET",
+    "TrainConfig",
+    "TrainResult",
+    "RunDirError",
+    "resolve_device",
+    "build_prior",
+    "build_model",
+    "lr_at",
+    "sample_queries",
+    "sample_training_batch",
+    "training_step",
+    "evaluate",
+    "train",
+    "load_run",
+]
+
+PRIOR_KINDS = ("tree", "gaussian-twin", "gaussian")
+#: The evaluation contexts are drawn with ``seed + EVAL_SEED_OFFSET``, never seen in training.
+EVAL_SEED_OFFSET = 10_000
+#: Config fields that may change between an interrupted run and its resumption.
+RESUMABLE_FIELDS = ("device", "checkpoint_every")
+
+CONFIG_FILE = "config.json"
+MODEL_FILE = "model.safetensors"
+STATE_FILE = "train_state.safetensors"
+HISTORY_FILE = "history.json"
+
+
+class RunDirError(ValueError):
+    """A run directory is missing, incomplete, corrupt or belongs to another config."""
+
+
+# ----------------------------------------------------------------------------------------
+# Configuration
+# ----------------------------------------------------------------------------------------
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that defines a training run (JSON-serialisable).
+
+    Attributes:
+        model: ``'A'``, ``'B'`` or ``'C'`` (see :mod:`fvlib.models`).
+        prior: ``'tree'``, ``'gaussian-twin'`` or ``'gaussian'`` (see :func:`fvlib.priors.make_prior`).
+        depth, alpha: tree depth ``K`` (``D = 2^K - 1``) and decay ``alpha``.
+        n_ctx, noise_std: context length ``N`` and label noise ``sigma``.
+        budget: communication budget ``M``.
+        steps, batch, lr: optimisation length, contexts per step, peak Adam learning rate.
+        queries: query tokens per training context (the loss averages over them).
+        width, hidden_layers: router and decoder MLP size.
+        seed: seeds the model initialisation and the training contexts; the evaluation set
+            uses ``seed + 10_000``.
+        eval_every, eval_contexts: evaluation period (steps) and evaluation set size.
+        checkpoint_every: checkpoint period (steps); the last step is always checkpointed.
+        device: ``'auto'`` (CUDA when available), ``'cpu'``, ``'cuda'``, ...
+    """
+
+    model: str = "A"
+    prior: str = "tree"
+    depth: int = 6
+    alpha: float = 0.5
+    n_ctx: int = 128
+    noise_std: float = 0.0
+    budget: int = 6
+    steps: int = 3000
+    batch: int = 256
+    lr: float = 3e-3
+    queries: int = 64
+    width: int = 128
+    hidden_layers: int = 2
+    seed: int = 0
+    eval_every: int = 250
+    eval_contexts: int = 2048
+    checkpoint_every: int = 500
+    device: str = "auto"
+
+    def __post_init__(self):
+        if self.model not in MODEL_KINDS:
+            raise ValueError(f"model must be one of {MODEL_KINDS}, got {self.model!r}")
+        if self.prior not in PRIOR_KINDS:
+            raise ValueError(f"prior must be one of {PRIOR_KINDS}, got {self.prior!r}")
+        for name in (
+            "depth",
+            "budget",
+            "steps",
+            "batch",
+            "queries",
+            "width",
+            "hidden_layers",
+            "eval_every",
+            "eval_contexts",
+            "checkpoint_every",
+        ):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not _is_int(self.seed) or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+        if not isinstance(self.device, str):
+            raise ValueError(f"device must be a string, got {self.device!r}")
+        check_task_args(self.n_ctx, self.noise_std)
+        make_prior(self.prior, self.depth, self.alpha)  # validates depth and alpha
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "TrainConfig":
+        """Build from a dict; unknown keys raise ``ValueError`` naming them."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"train config must be a mapping, got {type(data).__name__}")
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown train config keys: {unknown}")
+        return cls(**data)
+
+    def model_config(self) -> ModelConfig:
+        """The architecture this run trains."""
+        return model_config(self.model, 2**self.depth - 1, self.budget, self.width, self.hidden_layers)
+
+
+@dataclass
+class TrainResult:
+    """Outcome of :func:`train`.
+
+    Attributes:
+        model: the trained model (on the training device, in eval mode).
+        config: the run's :class:`TrainConfig`.
+        history: one dict per evaluation: ``step``, ``lr``, ``train_loss`` (mean query loss
+            since the previous evaluation; ``None`` at step 0), ``eval_excess_loss``,
+            ``eval_stderr``, ``eval_query_loss``, ``seconds`` (wall time since the start).
+        final_loss: excess loss ``E|theta_hat - theta|^2`` on the evaluation set at the end.
+        seconds: wall time of training (summed over resumptions).
+        checkpoint: path of ``model.safetensors``, or ``None`` without ``out_dir``.
+    """
+
+    model: FVTransformer
+    config: TrainConfig
+    history: list[dict]
+    final_loss: float
+    seconds: float
+    checkpoint: str | None
+
+
+# ----------------------------------------------------------------------------------------
+# Building blocks
+# ----------------------------------------------------------------------------------------
+def resolve_device(device: str) -> torch.device:
+    """``'auto'`` -> CUDA when available, else CPU; anything else is passed to torch."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device {device!r} is not a valid torch device") from err
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available")
+    return resolved
+
+
+def build_prior(config: TrainConfig) -> Prior:
+    return make_prior(config.prior, config.depth, config.alpha)
+
+
+def build_model(config: TrainConfig) -> FVTransformer:
+    """The untrained model, initialised from ``config.seed`` (the global RNG is left untouched)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        return FVTransformer(config.model_config())
+
+
+def lr_at(step: int, config: TrainConfig) -> float:
+    """Cosine schedule: ``lr`` at step 0 down to 0 at ``config.steps``."""
+    return config.lr * 0.5 * (1.0 + math.cos(math.pi * step / config.steps))
+
+
+def sample_queries(
+    batch: TaskBatch, queries: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's query plus ``queries - 1`` fresh query tokens per context.
+
+    Returns ``x_query (B, Q, D)`` and ``y_query (B, Q)`` with ``y = <theta, x> + sigma eps``;
+    column 0 is the batch's own query. Draws from ``generator`` (on the CPU).
+    """
+    B, D = batch.x_query.shape
+    extra_x = torch.randn(B, queries - 1, D, generator=generator, dtype=batch.x.dtype)
+    eps = torch.randn(B, queries - 1, generator=generator, dtype=batch.x.dtype)
+    extra_y = torch.einsum("bqd,bd->bq", extra_x, batch.theta) + batch.noise_std * eps
+    x_query = torch.cat([batch.x_query[:, None, :], extra_x], dim=1)
+    y_query = torch.cat([batch.y_query[:, None], extra_y], dim=1)
+    return x_query, y_query
+
+
+def query_loss(model: FVTransformer, x, y, x_query, y_query) -> torch.Tensor:
+    """Mean ``(y_hat_q - y_q)^2`` over contexts and query tokens (the training objective)."""
+    return ((model(x, y, x_query) - y_query) ** 2).mean()
+
+
+def _sample_eval_batches(prior, n_ctx, noise_std, contexts, seed, chunk=512) -> list[TaskBatch]:
+    generator = make_generator(seed)
+    sizes = [min(chunk, contexts - start) for start in range(0, contexts, chunk)]
+    return [sample_task(prior, size, n_ctx, noise_std, generator) for size in sizes]
+
+
+@torch.no_grad()
+def _evaluate_batches(model: FVTransformer, batches: list[TaskBatch]) -> dict:
+    device = next(model.parameters()).device
+    excess, query = [], []
+    was_training = model.training
+    model.eval()
+    for batch in batches:
+        batch = batch.to(device)
+        theta_hat = model.predict_theta(batch)
+        excess.append(((theta_hat - batch.theta) ** 2).sum(-1).double().cpu())
+        y_hat = (theta_hat * batch.x_query).sum(-1)
+        query.append(((y_hat - batch.y_query) ** 2).double().cpu())
+    model.train(was_training)
+    excess_all, query_all = torch.cat(excess), torch.cat(query)
+    n = excess_all.numel()
+    stderr = float(excess_all.std() / math.sqrt(n)) if n > 1 else float("nan")
+    return {
+        "excess_loss": float(excess_all.mean()),
+        "stderr": stderr,
+        "query_loss": float(query_all.mean()),
+        "contexts": n,
+    }
+
+
+def evaluate(
+    model: FVTransformer, prior: Prior, n_ctx: int, noise_std: float, contexts: int = 4000, seed: int = 0
+) -> dict:
+    """Excess and query loss of ``model`` on ``contexts`` fresh contexts drawn with ``seed``.
+
+    Returns:
+        dict with ``excess_loss`` (``E|theta_hat - theta|^2``), ``stderr`` (its standard
+        error), ``query_loss`` (``E(y_hat_q - y_q)^2``, about ``noise_std^2 + excess_loss``)
+        and ``contexts``.
+    """
+    if not _is_int(contexts) or contexts < 1:
+        raise ValueError(f"contexts must be a positive integer, got {contexts!r}")
+    return _evaluate_batches(model, _sample_eval_batches(prior, n_ctx, noise_std, contexts, seed))
+
+
+# ----------------------------------------------------------------------------------------
+# Checkpoints
+# ----------------------------------------------------------------------------------------
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _atomic_save_tensors(path: Path, tensors: dict, metadata: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        raise RunDirError(f"missing file {path}")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise RunDirError(f"corrupt JSON in {path}: {err}") from None
+
+
+def _read_tensors(path: Path) -> tuple[dict, dict]:
+    """Tensors and metadata of a safetensors file."""
+    if not path.is_file():
+        raise RunDirError(f"missing file {path}")
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+        return load_file(str(path)), metadata
+    except Exception as err:  # safetensors raises several error types for corrupt files
+        raise RunDirError(f"corrupt safetensors file {path}: {err}") from None
+
+
+def _write_config(out_dir: Path, config: TrainConfig, model: FVTransformer) -> None:
+    payload = {
+        "format": "fvlib-run",
+        "version": 1,
+        "train": config.to_dict(),
+        "model": model.config.to_dict(),
+    }
+    _atomic_write_text(out_dir / CONFIG_FILE, json.dumps(payload, indent=2) + "\n")
+
+
+def _read_config(run_dir: Path) -> tuple[TrainConfig, ModelConfig]:
+    payload = _read_json(run_dir / CONFIG_FILE)
+    try:
+        return TrainConfig.from_dict(payload["train"]), ModelConfig.from_dict(payload["model"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise RunDirError(f"invalid run config in {run_dir / CONFIG_FILE}: {err}") from None
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> dict:
+    tensors = {}
+    for index, state in optimizer.state_dict()["state"].items():
+        for key, value in state.items():
+            tensors[f"optimizer.{index}.{key}"] = torch.as_tensor(value)
+    return tensors
+
+
+def _load_optimizer_tensors(optimizer: torch.optim.Optimizer, tensors: dict) -> None:
+    state: dict[int, dict] = {}
+    for name, value in tensors.items():
+        if name.startswith("optimizer."):
+            _, index, key = name.split(".", 2)
+            state.setdefault(int(index), {})[key] = value
+    optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
+
+
+def _save_checkpoint(out_dir: Path, step: int, model, optimizer, generator, history, scalars) -> None:
+    meta = {"step": str(step)}
+    state_tensors = _optimizer_tensors(optimizer)
+    state_tensors["generator_state"] = generator.get_state()
+    _atomic_save_tensors(out_dir / STATE_FILE, state_tensors, {**meta, "scalars": json.dumps(scalars)})
+    _atomic_save_tensors(out_dir / MODEL_FILE, model.state_dict(), meta)
+    _atomic_write_text(
+        out_dir / HISTORY_FILE, json.dumps({"step": step, "history": history}, indent=1) + "\n"
+    )
+
+
+def _checkpoint_step(metadata: dict, path: Path) -> int:
+    try:
+        return int(metadata["step"])
+    except (KeyError, ValueError):
+        raise RunDirError(f"checkpoint {path} has no valid step in its metadata") from None
+
+
+def _load_model_weights(model: FVTransformer, path: Path) -> int:
+    tensors, metadata = _read_tensors(path)
+    try:
+        model.load_state_dict(tensors)
+    except RuntimeError as err:
+        raise RunDirError(f"weights in {path} do not fit the model config: {err}") from None
+    return _checkpoint_step(metadata, path)
+
+
+def _read_history(run_dir: Path) -> tuple[int, list[dict]]:
+    payload = _read_json(run_dir / HISTORY_FILE)
+    if (
+        not isinstance(payload, dict)
+        or not isinstance(payload.get("history"), list)
+        or not _is_int(payload.get("step"))
+    ):
+        raise RunDirError(f"invalid history in {run_dir / HISTORY_FILE}")
+    return payload["step"], payload["history"]
+
+
+def load_run(run_dir: str | os.PathLike) -> tuple[FVTransformer, TrainConfig, list[dict]]:
+    """Load a trained run: ``(model, config, history)``; the model is on the CPU in eval mode.
+
+    Raises:
+        RunDirError (a ``ValueError``): missing directory or files, corrupt JSON or
+            safetensors, or files from different checkpoints; the message names the path.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RunDirError(f"run directory {run_dir} does not exist")
+    config, model_config = _read_config(run_dir)
+    model = FVTransformer(model_config)
+    step = _load_model_weights(model, run_dir / MODEL_FILE)
+    history_step, history = _read_history(run_dir)
+    if history_step != step:
+        raise RunDirError(f"{run_dir}: weights are from step {step} but history from step {history_step}")
+    return model.eval(), config, history
+
+
+def _same_run(a: TrainConfig, b: TrainConfig) -> bool:
+    ignore = dict.fromkeys(RESUMABLE_FIELDS)
+    return replace(a, **{k: getattr(b, k) for k in ignore}) == b
+
+
+def _try_resume(
+    out_dir: Path, config: TrainConfig, model, optimizer, generator
+) -> tuple[int, list, dict] | None:
+    """Restore the latest checkpoint in ``out_dir``; ``None`` when there is none."""
+    if not (out_dir / MODEL_FILE).is_file():
+        return None
+    stored, _ = _read_config(out_dir)
+    if not _same_run(stored, config):
+        raise RunDirError(
+            f"{out_dir} holds a run with a different config ({stored}); use another directory or resume=False"
+        )
+    step = _load_model_weights(model, out_dir / MODEL_FILE)
+    tensors, metadata = _read_tensors(out_dir / STATE_FILE)
+    history_step, history = _read_history(out_dir)
+    if {step, history_step, _checkpoint_step(metadata, out_dir / STATE_FILE)} != {step}:
+        raise RunDirError(f"{out_dir}: checkpoint files are from different steps; use resume=False")
+    try:
+        _load_optimizer_tensors(optimizer, tensors)
+        generator.set_state(tensors["generator_state"])
+        scalars = json.loads(metadata["scalars"])
+    except (KeyError, ValueError, RuntimeError) as err:
+        raise RunDirError(f"corrupt training state in {out_dir / STATE_FILE}: {err}") from None
+    return step, history, scalars
+
+
+# ----------------------------------------------------------------------------------------
+# Training
+# ----------------------------------------------------------------------------------------
+def sample_training_batch(
+    prior: Prior, config: TrainConfig, generator: torch.Generator
+) -> tuple[TaskBatch, torch.Tensor, torch.Tensor]:
+    """One step's data: ``(batch, x_query (B, Q, D), y_query (B, Q))`` on the CPU."""
+    batch = sample_task(prior, config.batch, config.n_ctx, config.noise_std, generator)
+    x_query, y_query = sample_queries(batch, config.queries, generator)
+    return batch, x_query, y_query
+
+
+def training_step(model, optimizer, batch: TaskBatch, x_query, y_query, lr: float) -> float:
+    """One Adam step on the query-token loss at learning rate ``lr``; returns the loss."""
+    device = next(model.parameters()).device
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    loss = query_loss(model, batch.x.to(device), batch.y.to(device), x_query.to(device), y_query.to(device))
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+class _Run:
+    """The mutable state of one training run (model, optimiser, RNG, history)."""
+
+    def __init__(self, config: TrainConfig, out_dir: Path | None, resume: bool):
+        self.config, self.out_dir = config, out_dir
+        self.prior = build_prior(config)
+        self.model = build_model(config).to(resolve_device(config.device))
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr)
+        self.generator = make_generator(config.seed)
+        self.eval_batches = _sample_eval_batches(
+            self.prior, config.n_ctx, config.noise_std, config.eval_contexts, config.seed + EVAL_SEED_OFFSET
+        )
+        self.step, self.history = 0, []
+        self.scalars = {"loss_sum": 0.0, "loss_count": 0, "seconds": 0.0}
+        if out_dir is not None:
+            self._open_run_dir(resume)
+        self.start_time = time.perf_counter() - self.scalars["seconds"]
+
+    def _open_run_dir(self, resume: bool) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        restored = (
+            _try_resume(self.out_dir, self.config, self.model, self.optimizer, self.generator)
+            if resume
+            else None
+        )
+        if restored is None:
+            _write_config(self.out_dir, self.config, self.model)
+        else:
+            self.step, self.history, self.scalars = restored
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start_time
+
+    def train_step(self) -> None:
+        data = sample_training_batch(self.prior, self.config, self.generator)
+        loss = training_step(self.model, self.optimizer, *data, lr=lr_at(self.step, self.config))
+        self.step += 1
+        self.scalars["loss_sum"] += loss
+        self.scalars["loss_count"] += 1
+
+    def record_eval(self) -> dict:
+        result = _evaluate_batches(self.model, self.eval_batches)
+        count = self.scalars["loss_count"]
+        entry = {
+            "step": self.step,
+            "lr": lr_at(self.step, self.config),
+            "train_loss": self.scalars["loss_sum"] / count if count else None,
+            "eval_excess_loss": result["excess_loss"],
+            "eval_stderr": result["stderr"],
+            "eval_query_loss": result["query_loss"],
+            "seconds": self.elapsed(),
+        }
+        self.history.append(entry)
+        self.scalars["loss_sum"], self.scalars["loss_count"] = 0.0, 0
+        return entry
+
+    def checkpoint(self) -> None:
+        if self.out_dir is not None:
+            self.scalars["seconds"] = self.elapsed()
+            _save_checkpoint(
+                self.out_dir,
+                self.step,
+                self.model,
+                self.optimizer,
+                self.generator,
+                self.history,
+                self.scalars,
+            )
+
+    def final_loss(self) -> float:
+        if self.history[-1]["step"] == self.step:
+            return self.history[-1]["eval_excess_loss"]
+        return _evaluate_batches(self.model, self.eval_batches)["excess_loss"]  # stopped between evaluations
+
+
+def train(
+    config: TrainConfig,
+    out_dir: str | os.PathLike | None = None,
+    resume: bool = True,
+    progress: bool = True,
+    *,
+    until_step: int | None = None,
+    callback: Callable[[dict], bool | None] | None = None,
+) -> TrainResult:
+    """Train ``config.model`` on fresh contexts and evaluate it on a fixed held-out set.
+
+    Args:
+        config: the run.
+        out_dir: where checkpoints go (created if needed); ``None`` keeps everything in memory.
+        resume: continue from a checkpoint in ``out_dir`` if there is one (same config
+            required, except ``device`` and ``checkpoint_every``); ``False`` starts over.
+        progress: show a tqdm progress bar (the notebook flavour inside Jupyter).
+        until_step: stop (with a checkpoint) after this step, as if interrupted; calling
+            ``train`` again resumes. The schedule still runs to ``config.steps``.
+        callback: called with each new history entry; returning ``True`` stops training
+            there (with a checkpoint), e.g. once a target loss is reached.
+
+    Returns:
+        :class:`TrainResult`; ``final_loss`` is the excess loss on the evaluation set at the
+        step where training stopped.
+    """
+    if not isinstance(config, TrainConfig):
+        raise ValueError(f"config must be a TrainConfig, got {type(config).__name__}")
+    stop = config.steps if until_step is None else until_step
+    if not _is_int(stop) or not 1 <= stop <= config.steps:
+        raise ValueError(f"until_step must be an integer in [1, {config.steps}], got {until_step!r}")
+    run = _Run(config, Path(out_dir) if out_dir is not None else None, resume)
+    if not run.history:
+        run.record_eval()
+    run.model.train()
+    bar = tqdm(
+        total=config.steps, initial=run.step, disable=not progress, desc=f"model {config.model}", leave=False
+    )
+    while run.step < stop:
+        run.train_step()
+        bar.update(1)
+        stop_now = False
+        if run.step % config.eval_every == 0 or run.step == config.steps:
+            entry = run.record_eval()
+            bar.set_postfix(excess=f"{entry['eval_excess_loss']:.4f}")
+            stop_now = bool(callback(entry)) if callback is not None else False
+        if stop_now or run.step % config.checkpoint_every == 0 or run.step == stop:
+            run.checkpoint()
+        if stop_now:
+            break
+    bar.close()
+    run.model.eval()
+    return TrainResult(
+        model=run.model,
+        config=config,
+        history=run.history,
+        final_loss=run.final_loss(),
+        seconds=run.elapsed(),
+        checkpoint=str(run.out_dir / MODEL_FILE) if run.out_dir is not None else None,
+    )

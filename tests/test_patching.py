@@ -1,0 +1,176 @@
+"""Key patching, workspace transplant and probes (fvlib.patching)."""
+
+import pytest
+import torch
+
+from fvlib import make_generator, make_prior
+from fvlib.models import make_model
+from fvlib.patching import (
+    donor_signs,
+    key_patching_sweep,
+    level_overlap,
+    patch_keys,
+    patching_pairs,
+    probe_workspace,
+    transplant_workspace,
+)
+from fvlib.train import TrainConfig, train
+
+K, N = 3, 64
+TREE = make_prior("tree", K, 0.5)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These tensors are tiny: one thread is as fast as two and immune to busy neighbours."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def trained_a():
+    """Model A on a depth-3 tree, trained just long enough to follow the path."""
+    config = TrainConfig(
+        model="A",
+        depth=K,
+        n_ctx=N,
+        budget=K,
+        steps=300,
+        batch=128,
+        queries=16,
+        width=64,
+        eval_every=300,
+        eval_contexts=500,
+        device="cpu",
+    )
+    return train(config, progress=False).model
+
+
+@pytest.fixture(scope="module")
+def random_a():
+    torch.manual_seed(0)
+    model = make_model("A", TREE.dim, K, width=16)
+    with torch.no_grad():
+        for param in model.parameters():
+            if torch.all(param == 0):
+                param.normal_(0, 0.3)
+    return model
+
+
+# ----- pairs ------------------------------------------------------------------------------
+@pytest.mark.parametrize("split_level", [0, 1, 2])
+def test_pairs_share_inputs_and_split_where_asked(split_level):
+    target, donor = patching_pairs(TREE, 400, split_level, N, 0.0, make_generator(0))
+    assert torch.equal(target.x, donor.x) and torch.equal(target.x_query, donor.x_query)
+    s, s2 = target.signs, donor.signs
+    assert torch.equal(s[:, :split_level], s2[:, :split_level])
+    assert torch.all(s[:, split_level] == -s2[:, split_level])
+    torch.testing.assert_close(donor.y, torch.einsum("bnd,bd->bn", donor.x, donor.theta))
+    torch.testing.assert_close(donor.y_query, (donor.theta * donor.x_query).sum(-1))
+    below = (s[:, split_level + 1 :] == s2[:, split_level + 1 :]).double()
+    if below.numel():
+        assert 0.4 < below.mean() < 0.6  # uniform below the split: agree half the time
+
+
+def test_donor_signs_checks_the_level():
+    signs = TREE.sample_signs(4, make_generator(0))
+    with pytest.raises(ValueError, match="split_level"):
+        donor_signs(TREE, signs, K, make_generator(0))
+    with pytest.raises(ValueError, match="TreePrior"):
+        patching_pairs(make_prior("gaussian-twin", K, 0.5), 4, 0, N, 0.0, make_generator(0))
+
+
+# ----- exactness --------------------------------------------------------------------------
+def test_patching_with_the_target_itself_changes_nothing(random_a):
+    target, _ = patching_pairs(TREE, 50, 0, N, 0.1, make_generator(1))
+    clean = random_a.predict_theta(target)
+    _, cache = random_a.run_with_cache(target)
+    for l in range(1, K + 1):
+        assert torch.equal(patch_keys(random_a, target, cache[f"blocks.{l}.hook_keys"], l), clean)
+        name = f"blocks.{l}.hook_workspace"
+        with random_a.hooks([(name, lambda t, hook: cache[hook.name])]):
+            assert torch.equal(random_a.predict_theta(target), clean)
+
+
+def test_transplanting_the_last_workspace_gives_the_donor_prediction(random_a):
+    target, donor = patching_pairs(TREE, 50, 0, N, 0.0, make_generator(2))
+    _, cache = random_a.run_with_cache(donor)
+    name = f"blocks.{K}.hook_workspace"
+    with random_a.hooks([(name, lambda t, hook: cache[name])]):
+        assert torch.equal(random_a.predict_theta(target), cache["hook_theta_hat"])
+
+
+def test_layer_one_keys_do_not_depend_on_the_leaf(random_a):
+    """Layer 1 routes with a constant matrix and donor/target share x: its patch is a no-op."""
+    result = key_patching_sweep(random_a, TREE, N, 0.0, contexts=60, seed=0, chunk=25)
+    assert result.loss.shape == (K, K) and result.stderr.shape == (K, K)
+    assert result.n_contexts == 60 and result.layers == [1, 2, 3] and result.split_levels == [0, 1, 2]
+    assert float(result.loss[:, 0].mean()) == pytest.approx(result.baseline, rel=1e-12)
+    torch.testing.assert_close(result.loss[:, 0], result.baseline_by_level, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("kind", ["B", "C"])
+def test_one_layer_models_are_immune_to_key_patching(kind):
+    torch.manual_seed(0)
+    model = make_model(kind, TREE.dim, K)
+    result = key_patching_sweep(model, TREE, N, 0.0, contexts=40, seed=0)
+    assert result.loss.shape == (K, 1)
+    assert torch.allclose(result.loss.mean(), torch.tensor(result.baseline, dtype=torch.float64))
+
+
+def test_sweeps_are_reproducible(random_a):
+    a = key_patching_sweep(random_a, TREE, N, 0.1, contexts=30, seed=4)
+    b = key_patching_sweep(random_a, TREE, N, 0.1, contexts=30, seed=4)
+    assert a.to_dict() == b.to_dict()
+
+
+def test_level_overlap_of_the_truth_is_one():
+    signs = TREE.sample_signs(10, make_generator(0))
+    theta = TREE.theta_from_signs(signs)
+    torch.testing.assert_close(level_overlap(TREE, theta, signs), torch.ones(10, K, dtype=torch.float64))
+    torch.testing.assert_close(level_overlap(TREE, -theta, signs), -torch.ones(10, K, dtype=torch.float64))
+
+
+# ----- trained model A: the adaptive pattern ----------------------------------------------
+def test_trained_model_a_routes_on_the_path(trained_a):
+    """Donor keys hurt when the paths split early and hardly matter when they split late."""
+    result = key_patching_sweep(trained_a, TREE, N, 0.0, contexts=400, seed=0)
+    loss = result.loss
+    assert result.baseline < 0.1
+    assert loss[0, 1:].min() > 3 * result.baseline  # split at the root, patch after layer 1
+    assert loss[K - 1].max() < 0.5 * loss[0, 1:].min()  # split at the last level
+    assert torch.all(loss[0, 1:] > loss[K - 1, 1:])
+
+
+def test_transplant_moves_the_prediction_to_the_donor(trained_a):
+    result = transplant_workspace(trained_a, TREE, N, 0.0, contexts=400, seed=0)
+    assert result.donor_overlap.shape == (K, K) and result.n_contexts == 400
+    assert result.baseline_overlap.min() > 0.7
+    # the whole final workspace from the donor: the model predicts the donor's theta, and the
+    # target's root (opposite sign, split level 0) with overlap -1
+    assert result.donor_overlap[-1].min() > 0.7
+    assert result.target_overlap[-1, 0] < -0.7
+    assert result.target_overlap[-1, 1:].abs().max() < 0.3
+    # the later the transplant, the more of the donor's path the model outputs
+    assert torch.all(result.donor_overlap[-1] >= result.donor_overlap[0] - 0.05)
+
+
+def test_probes_read_the_path_from_the_workspace(trained_a):
+    linear = probe_workspace(trained_a, TREE, N, 0.0, contexts=1000, seed=0)
+    assert linear.accuracy.shape == (K, K) and linear.n_train + linear.n_test == 1000
+    assert linear.kind == "linear" and linear.accuracy[-1, 0] > 0.95  # the root sign, read linearly
+    mlp = probe_workspace(trained_a, TREE, N, 0.0, contexts=1000, seed=0, kind="mlp")
+    assert mlp.accuracy[-1, :2].min() > 0.9  # the final workspace holds the coarse path
+    assert mlp.accuracy[:, 0].max() > 0.95
+    assert torch.all((0 <= mlp.accuracy) & (mlp.accuracy <= 1))
+
+
+def test_probe_arguments_are_checked(random_a):
+    with pytest.raises(ValueError, match="test_fraction"):
+        probe_workspace(random_a, TREE, N, 0.0, contexts=100, test_fraction=1.0)
+    with pytest.raises(ValueError, match="contexts"):
+        probe_workspace(random_a, TREE, N, 0.0, contexts=0)
+    with pytest.raises(ValueError, match="kernel"):
+        probe_workspace(random_a, TREE, N, 0.0, contexts=100, kind="kernel")

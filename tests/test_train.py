@@ -1,0 +1,302 @@
+"""Training, evaluation, checkpoints and resumption (fvlib.train)."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from fvlib import make_prior
+from fvlib.models import make_model
+from fvlib.train import (
+    EVAL_SEED_OFFSET,
+    RunDirError,
+    TrainConfig,
+    evaluate,
+    load_run,
+    lr_at,
+    resolve_device,
+    train,
+)
+
+#: A tiny but real configuration: tree K=3 (D=7), N=32, budget 3.
+TINY = TrainConfig(
+    model="A",
+    depth=3,
+    n_ctx=32,
+    budget=3,
+    steps=40,
+    batch=32,
+    queries=8,
+    width=16,
+    eval_every=10,
+    eval_contexts=64,
+    checkpoint_every=15,
+    device="cpu",
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These tensors are tiny: one thread is as fast as two and immune to busy neighbours."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def strip_times(history):
+    return [{k: v for k, v in entry.items() if k != "seconds"} for entry in history]
+
+
+def same_parameters(a, b) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+# ----- configuration ----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("model", "D"),
+        ("prior", "laplace"),
+        ("depth", -1),
+        ("depth", 0),
+        ("alpha", 1.5),
+        ("alpha", 0.0),
+        ("budget", 0),
+        ("steps", 0),
+        ("batch", 2.5),
+        ("lr", -1e-3),
+        ("queries", 0),
+        ("n_ctx", 0),
+        ("noise_std", -0.1),
+        ("seed", -1),
+        ("eval_contexts", 0),
+    ],
+)
+def test_bad_config_raises_naming_the_value(field, value):
+    with pytest.raises(ValueError, match=str(value).replace(".", r"\.")):
+        dataclasses.replace(TINY, **{field: value})
+
+
+def test_config_round_trip_and_unknown_keys():
+    assert TrainConfig.from_dict(json.loads(json.dumps(TINY.to_dict()))) == TINY
+    with pytest.raises(ValueError, match="epochs"):
+        TrainConfig.from_dict({**TINY.to_dict(), "epochs": 3})
+
+
+def test_model_config_matches_the_kind():
+    config = TINY.model_config()
+    assert (config.dim, config.n_layers, config.channels) == (7, 3, 1)
+
+
+def test_cosine_schedule():
+    assert lr_at(0, TINY) == TINY.lr
+    assert lr_at(TINY.steps // 2, TINY) == pytest.approx(TINY.lr / 2)
+    assert lr_at(TINY.steps, TINY) == pytest.approx(0.0, abs=1e-15)
+
+
+def test_resolve_device():
+    assert resolve_device("cpu").type == "cpu"
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match="gpu0"):
+        resolve_device("gpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA"):
+            resolve_device("cuda")
+
+
+# ----- training ---------------------------------------------------------------------------
+def test_same_seed_gives_bitwise_the_same_run():
+    a, b = train(TINY, progress=False), train(TINY, progress=False)
+    assert strip_times(a.history) == strip_times(b.history)
+    assert same_parameters(a.model, b.model)
+    c = train(dataclasses.replace(TINY, seed=1), progress=False)
+    assert strip_times(c.history) != strip_times(a.history)
+
+
+def test_history_layout():
+    result = train(TINY, progress=False)
+    assert [entry["step"] for entry in result.history] == [0, 10, 20, 30, 40]
+    assert result.history[0]["train_loss"] is None
+    assert result.final_loss == result.history[-1]["eval_excess_loss"]
+    assert result.checkpoint is None and result.seconds > 0
+    for key in ("lr", "train_loss", "eval_excess_loss", "eval_stderr", "eval_query_loss", "seconds"):
+        assert key in result.history[-1]
+
+
+def test_callback_can_stop_training(tmp_path):
+    seen = []
+    result = train(
+        TINY,
+        out_dir=tmp_path,
+        progress=False,
+        callback=lambda entry: seen.append(entry) or entry["step"] >= 20,
+    )
+    assert [entry["step"] for entry in seen] == [10, 20]
+    assert result.history[-1]["step"] == 20 and result.final_loss == result.history[-1]["eval_excess_loss"]
+    resumed = train(TINY, out_dir=tmp_path, progress=False)  # the stop left a checkpoint
+    assert strip_times(resumed.history) == strip_times(train(TINY, progress=False).history)
+
+
+def test_training_does_not_touch_the_global_rng():
+    state = torch.random.get_rng_state()
+    train(dataclasses.replace(TINY, steps=2), progress=False)
+    assert torch.equal(torch.random.get_rng_state(), state)
+
+
+def test_model_a_beats_the_zero_predictor():
+    config = dataclasses.replace(
+        TINY, steps=300, batch=128, n_ctx=64, queries=16, width=64, eval_every=300, eval_contexts=1000
+    )
+    result = train(config, progress=False)
+    energy = make_prior("tree", 3, 0.5).energy  # excess loss of theta_hat = 0
+    assert result.history[0]["eval_excess_loss"] == pytest.approx(energy)
+    assert result.final_loss < 0.2 * energy
+
+
+def test_model_c_tracks_the_linear_closed_form():
+    """C is linear: it can only reach the LMMSE of its M best coordinates (Gaussian twin).
+
+    DESIGN's closed form uses the noise ``tau2 = (E|theta|^2 + sigma^2) / N`` per measurement;
+    at finite N the measurement of node n has the extra variance ``v_n / N`` (the
+    ``theta theta^T / N`` term), which the trained model should match more tightly.
+    """
+    depth, n_ctx, budget, noise = 4, 64, 4, 0.2
+    config = TrainConfig(
+        model="C", depth=depth, n_ctx=n_ctx, budget=budget, noise_std=noise, steps=300, batch=128,
+        queries=16, lr=1e-2, eval_every=300, eval_contexts=2000, device="cpu",
+    )  # fmt: skip
+    result = train(config, progress=False)
+    prior = make_prior("tree", depth, 0.5)
+    tau2 = (prior.energy + noise**2) / n_ctx
+    v = prior.node_variances.sort(descending=True).values
+    measured, unmeasured = v[:budget], float(v[budget:].sum())
+    closed_form = unmeasured + float((measured * tau2 / (measured + tau2)).sum())
+    noise_n = tau2 + measured / n_ctx
+    finite_n = unmeasured + float((measured * noise_n / (measured + noise_n)).sum())
+    assert result.final_loss == pytest.approx(closed_form, rel=0.1)
+    assert result.final_loss == pytest.approx(finite_n, rel=0.03)
+
+
+def test_query_loss_agrees_with_excess_loss_plus_noise():
+    prior = make_prior("tree", 3, 0.5)
+    torch.manual_seed(0)
+    model = make_model("C", prior.dim, 3)
+    with torch.no_grad():
+        model.decoder.weight.normal_(0, 0.5)
+    noise = 0.5
+    result = evaluate(model, prior, n_ctx=32, noise_std=noise, contexts=4000, seed=3)
+    assert set(result) >= {"excess_loss", "stderr", "query_loss", "contexts"}
+    assert result["query_loss"] == pytest.approx(noise**2 + result["excess_loss"], rel=0.1)
+    assert evaluate(model, prior, 32, noise, 4000, seed=3) == result
+
+
+def test_eval_set_is_separate_from_training_contexts():
+    assert EVAL_SEED_OFFSET >= 1000
+
+
+# ----- checkpoints ------------------------------------------------------------------------
+def test_checkpoint_round_trip(tmp_path):
+    result = train(TINY, out_dir=tmp_path, progress=False)
+    assert result.checkpoint == str(tmp_path / "model.safetensors")
+    model, config, history = load_run(tmp_path)
+    assert config == TINY
+    assert strip_times(history) == strip_times(result.history)
+    assert same_parameters(model, result.model)
+    prior = make_prior("tree", 3, 0.5)
+    assert evaluate(model, prior, 32, 0.0, 100, seed=5) == evaluate(result.model, prior, 32, 0.0, 100, seed=5)
+    stored = json.loads((tmp_path / "config.json").read_text())
+    assert stored["model"]["n_layers"] == 3 and stored["train"]["model"] == "A"
+    state = load_file(str(tmp_path / "train_state.safetensors"))
+    assert state["generator_state"].dtype == torch.uint8
+
+
+def test_resumed_run_matches_an_uninterrupted_one(tmp_path):
+    whole = train(TINY, out_dir=tmp_path / "whole", progress=False)
+    part = train(TINY, out_dir=tmp_path / "split", progress=False, until_step=23)
+    assert [e["step"] for e in part.history] == [0, 10, 20]
+    _, _, saved = load_run(tmp_path / "split")
+    assert strip_times(saved) == strip_times(part.history)
+    resumed = train(dataclasses.replace(TINY, checkpoint_every=7), out_dir=tmp_path / "split", progress=False)
+    assert strip_times(resumed.history) == strip_times(whole.history)
+    assert same_parameters(resumed.model, whole.model)
+    again = train(TINY, out_dir=tmp_path / "split", progress=False)  # finished: nothing left to do
+    assert strip_times(again.history) == strip_times(whole.history)
+
+
+def test_resume_refuses_a_different_config(tmp_path):
+    train(TINY, out_dir=tmp_path, progress=False, until_step=5)
+    with pytest.raises(RunDirError, match="different config"):
+        train(dataclasses.replace(TINY, lr=1e-2), out_dir=tmp_path, progress=False)
+    fresh = train(dataclasses.replace(TINY, lr=1e-2, steps=5), out_dir=tmp_path, resume=False, progress=False)
+    assert load_run(tmp_path)[1] == fresh.config
+
+
+def test_until_step_must_be_in_range():
+    with pytest.raises(ValueError, match="until_step"):
+        train(TINY, progress=False, until_step=TINY.steps + 1)
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    train(dataclasses.replace(TINY, steps=5), out_dir=tmp_path / "run", progress=False)
+    return tmp_path / "run"
+
+
+def test_missing_run_dir(tmp_path):
+    with pytest.raises(RunDirError, match="nowhere"):
+        load_run(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "history.json"])
+def test_missing_file(run_dir, name):
+    (run_dir / name).unlink()
+    with pytest.raises(RunDirError, match=name):
+        load_run(run_dir)
+
+
+@pytest.mark.parametrize("name", ["config.json", "history.json"])
+def test_corrupt_json(run_dir, name):
+    (run_dir / name).write_text("{not json")
+    with pytest.raises(RunDirError, match=f"corrupt JSON.*{name}"):
+        load_run(run_dir)
+
+
+@pytest.mark.parametrize("payload", [b"", b"garbage bytes that are not safetensors", b"\xff" * 64])
+def test_corrupt_weights(run_dir, payload):
+    (run_dir / "model.safetensors").write_bytes(payload)
+    with pytest.raises(RunDirError, match="model.safetensors"):
+        load_run(run_dir)
+
+
+def test_truncated_weights(run_dir):
+    path = run_dir / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(RunDirError, match="model.safetensors"):
+        load_run(run_dir)
+
+
+def test_corrupt_training_state_blocks_resume(run_dir):
+    (run_dir / "train_state.safetensors").write_bytes(b"nope")
+    config = dataclasses.replace(TINY, steps=5)
+    with pytest.raises(RunDirError, match="train_state.safetensors"):
+        train(config, out_dir=run_dir, progress=False)
+
+
+def test_invalid_config_contents(run_dir):
+    payload = json.loads((run_dir / "config.json").read_text())
+    payload["train"]["depth"] = -2
+    (run_dir / "config.json").write_text(json.dumps(payload))
+    with pytest.raises(RunDirError, match="-2"):
+        load_run(run_dir)
+
+
+def test_weights_and_history_from_different_steps(run_dir):
+    payload = json.loads((run_dir / "history.json").read_text())
+    payload["step"] = 3
+    (run_dir / "history.json").write_text(json.dumps(payload))
+    with pytest.raises(RunDirError, match="step"):
+        load_run(run_dir)
