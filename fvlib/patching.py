@@ -1,8 +1,10 @@
 """Causal interventions and probes on trained models (DESIGN section 6), model side.
 
 Donor and target contexts share their inputs ``x_i`` (and query ``x_q``) but come from
-different leaves: the target's leaf ``s`` is uniform and the donor's leaf ``s'`` agrees with
-``s`` on levels ``< m``, differs at level ``m`` (the *split level*) and is uniform below.
+different leaves. The *split level* ``m`` (1..K) is the first level at which the two *paths*
+visit different nodes: they share the nodes of levels ``0..m-1``; their signs agree on levels
+``< m - 1``, differ at level ``m - 1``, and are independent and uniform below. ``m = K`` means
+the paths share every internal node and only the last sign (the leaf) differs.
 
 * :func:`key_patching_sweep` -- run the donor, cache its keys at layer ``l``, run the target
   with those keys, measure the target's excess loss; sweep ``(m, l)`` into a heatmap
@@ -13,14 +15,14 @@ different leaves: the target's leaf ``s`` is uniform and the donor's leaf ``s'``
   from ``Phi_l``.
 
 Conventions: layers ``l = 1..L`` (1-based, as in the hook names ``blocks.{l}``) are stored in
-column ``l - 1``; tree levels ``m, k = 0..K-1`` (0-based, as in :mod:`fvlib.priors`). In the
-ideal adaptive model layer ``l`` measures the path node at level ``l - 1``, which depends on
-the signs ``s_0 .. s_{l-2}``; donor keys at layer ``l`` therefore route the target to the same
-node when ``m >= l - 1`` (no effect) and to a node off its path when ``m < l - 1`` (large
-effect, largest when the paths split early and the patch comes early).
+column ``l - 1``; split levels ``m = 1..K`` in row ``m - 1``; tree levels ``k = 0..K-1`` as in
+:mod:`fvlib.priors`. In the ideal adaptive model layer ``l`` measures the path node at level
+``l - 1``; donor keys at layer ``l`` therefore route the target to its own node when
+``l <= m`` (no effect) and to a node off its path when ``l > m`` (large effect, largest when the
+paths split early and the patch comes early).
 
-The same heatmap for the greedy theory policy under the same intervention is
-``fvlib.theory.theory_patching_sweep`` (theory side, not in this module).
+:func:`theory_patching_sweep` runs the same intervention on the greedy theory policy, on the
+very same donor/target pairs.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch
 from .models import FVTransformer
 from .priors import TreePrior
 from .task import TaskBatch, make_generator, sample_task
+from .theory import FiniteSampleChannel, channel_tau2, run_greedy
 
 __all__ = [
     "patching_pairs",
@@ -39,6 +42,7 @@ __all__ = [
     "patch_keys",
     "PatchingResult",
     "key_patching_sweep",
+    "theory_patching_sweep",
     "TransplantResult",
     "transplant_workspace",
     "ProbeResult",
@@ -71,14 +75,16 @@ def _check_count(name: str, value) -> int:
 def donor_signs(
     tree: TreePrior, target_signs: torch.Tensor, split_level: int, generator: torch.Generator
 ) -> torch.Tensor:
-    """Donor paths that agree with ``target_signs (B, K)`` on levels ``< m``, differ at ``m``
-    and are uniform below; shape ``(B, K)``."""
-    if isinstance(split_level, bool) or not isinstance(split_level, int) or not 0 <= split_level < tree.depth:
-        raise ValueError(f"split_level must be an integer in [0, {tree.depth - 1}], got {split_level!r}")
+    """Donor paths that share the nodes of levels ``< m`` with ``target_signs (B, K)`` and visit a
+    different node at level ``m`` (signs equal before ``m - 1``, flipped at ``m - 1``, uniform
+    below); shape ``(B, K)``."""
+    if isinstance(split_level, bool) or not isinstance(split_level, int) or not 1 <= split_level <= tree.depth:
+        raise ValueError(f"split_level must be an integer in [1, {tree.depth}], got {split_level!r}")
+    flip = split_level - 1
     fresh = tree.sample_signs(target_signs.shape[0], generator)
     signs = target_signs.clone()
-    signs[:, split_level] = -target_signs[:, split_level]
-    signs[:, split_level + 1 :] = fresh[:, split_level + 1 :]
+    signs[:, flip] = -target_signs[:, flip]
+    signs[:, flip + 1 :] = fresh[:, flip + 1 :]
     return signs
 
 
@@ -87,7 +93,8 @@ def patching_pairs(
 ) -> tuple[TaskBatch, TaskBatch]:
     """``(target, donor)`` batches of ``n_pairs`` contexts sharing ``x (B, N, D)`` and ``x_query``.
 
-    The target leaf is uniform; the donor leaf first differs from it at level ``split_level``.
+    The target leaf is uniform; the donor's path first visits a different node at level
+    ``split_level`` (see :func:`donor_signs`).
     Label noise is drawn independently for the two.
     """
     _check_tree(tree)
@@ -146,9 +153,9 @@ class PatchingResult:
         baseline: excess loss of the unpatched targets (all split levels pooled).
         baseline_stderr: its standard error.
         baseline_by_level: ``(K,)``, the unpatched loss on the targets of each split level.
-        loss: ``(K, L)`` tensor; ``loss[m, l - 1]`` is the target's excess loss
+        loss: ``(K, L)`` tensor; ``loss[m - 1, l - 1]`` is the target's excess loss
             ``E|theta_hat - theta_target|^2`` when its keys at layer ``l`` come from a donor
-            that splits off at level ``m``.
+            whose path splits off at level ``m`` (``m = 1..K``).
         stderr: ``(K, L)`` standard errors of ``loss``.
         donor_loss: ``(K, L)``, the same runs scored against the donor's ``theta``.
         n_contexts: donor/target pairs per cell (and per split level for the baseline).
@@ -164,14 +171,14 @@ class PatchingResult:
 
     @property
     def split_levels(self) -> list[int]:
-        return list(range(self.loss.shape[0]))
+        return list(range(1, self.loss.shape[0] + 1))
 
     @property
     def layers(self) -> list[int]:
         return list(range(1, self.loss.shape[1] + 1))
 
     def to_dict(self) -> dict:
-        """JSON-ready: ``loss`` rows are split levels ``m``, columns layers ``l = 1..L``."""
+        """JSON-ready: ``loss`` rows are split levels ``m = 1..K``, columns layers ``l = 1..L``."""
         return {
             "baseline": self.baseline,
             "baseline_stderr": self.baseline_stderr,
@@ -206,19 +213,75 @@ def key_patching_sweep(
     baseline = [[] for _ in range(K)]
     target_err = [[[] for _ in range(L)] for _ in range(K)]
     donor_err = [[[] for _ in range(L)] for _ in range(K)]
-    for m in range(K):
+    for row in range(K):
         for size in _chunks(contexts, chunk):
-            target, donor = (b.to(device) for b in patching_pairs(tree, size, m, n_ctx, noise_std, generator))
+            target, donor = (b.to(device) for b in patching_pairs(tree, size, row + 1, n_ctx, noise_std, generator))
             _, donor_cache = model.run_with_cache(donor, names_filter="blocks.*.hook_keys")
-            baseline[m].append(_sq_error(model.predict_theta(target), target.theta))
+            baseline[row].append(_sq_error(model.predict_theta(target), target.theta))
             for l in range(1, L + 1):
                 theta_hat = patch_keys(model, target, donor_cache[f"blocks.{l}.hook_keys"], l)
-                target_err[m][l - 1].append(_sq_error(theta_hat, target.theta))
-                donor_err[m][l - 1].append(_sq_error(theta_hat, donor.theta))
+                target_err[row][l - 1].append(_sq_error(theta_hat, target.theta))
+                donor_err[row][l - 1].append(_sq_error(theta_hat, donor.theta))
     errors = torch.stack([torch.stack([torch.cat(cell) for cell in row]) for row in target_err])  # (K, L, n)
     donor_errors = torch.stack([torch.stack([torch.cat(cell) for cell in row]) for row in donor_err])
     loss, stderr = _mean_and_stderr(errors)
     baseline_errors = torch.stack([torch.cat(level) for level in baseline])  # (K, n)
+    base_mean, base_stderr = _mean_and_stderr(baseline_errors.flatten())
+    return PatchingResult(
+        baseline=float(base_mean),
+        baseline_stderr=float(base_stderr),
+        baseline_by_level=baseline_errors.mean(-1),
+        loss=loss,
+        stderr=stderr,
+        donor_loss=donor_errors.mean(-1),
+        n_contexts=contexts,
+    )
+
+
+def theory_patching_sweep(
+    tree: TreePrior,
+    n_ctx: int,
+    noise_std: float,
+    n_layers: int,
+    contexts: int = 2000,
+    seed: int = 0,
+    chunk: int = DEFAULT_CHUNK,
+) -> PatchingResult:
+    """The key-patching heatmap of the greedy theory policy, on the same pairs as the model's.
+
+    Each layer of the policy measures one node from the context's statistic
+    ``g_hat = (1/N) sum_i y_i x_i`` and decodes with the exact posterior. The donor's "keys" at
+    layer ``l`` are the node it measures there; patching makes the target measure the donor's
+    node at layer ``l`` (its own ``y_i`` are pooled), after which the target follows its own
+    greedy policy. Pairs are drawn exactly as in :func:`key_patching_sweep` with the same
+    ``seed``, so the two heatmaps compare the same contexts. ``n_layers`` is the policy's depth
+    (the model's ``L``).
+    """
+    _check_tree(tree)
+    _check_count("contexts", contexts)
+    _check_count("n_layers", n_layers)
+    K, L = tree.depth, n_layers
+    tau2 = channel_tau2(tree, n_ctx, noise_std)
+    generator = make_generator(seed)
+    baseline = [[] for _ in range(K)]
+    target_err = [[[] for _ in range(L)] for _ in range(K)]
+    donor_err = [[[] for _ in range(L)] for _ in range(K)]
+    for row in range(K):
+        for size in _chunks(contexts, chunk):
+            target, donor = patching_pairs(tree, size, row + 1, n_ctx, noise_std, generator)
+            target_chan = FiniteSampleChannel(target.to("cpu", torch.float64).sufficient_statistic())
+            donor_chan = FiniteSampleChannel(donor.to("cpu", torch.float64).sufficient_statistic())
+            theta_t, theta_d = target.theta.double(), donor.theta.double()
+            donor_nodes = run_greedy(tree, donor_chan, L, tau2).nodes
+            baseline[row].append(_sq_error(run_greedy(tree, target_chan, L, tau2).theta_hat, theta_t))
+            for l in range(1, L + 1):
+                theta_hat = run_greedy(tree, target_chan, L, tau2, forced={l: donor_nodes[:, l - 1]}).theta_hat
+                target_err[row][l - 1].append(_sq_error(theta_hat, theta_t))
+                donor_err[row][l - 1].append(_sq_error(theta_hat, theta_d))
+    errors = torch.stack([torch.stack([torch.cat(cell) for cell in r]) for r in target_err])
+    donor_errors = torch.stack([torch.stack([torch.cat(cell) for cell in r]) for r in donor_err])
+    loss, stderr = _mean_and_stderr(errors)
+    baseline_errors = torch.stack([torch.cat(level) for level in baseline])
     base_mean, base_stderr = _mean_and_stderr(baseline_errors.flatten())
     return PatchingResult(
         baseline=float(base_mean),
@@ -285,14 +348,14 @@ def transplant_workspace(
     noise_std: float,
     contexts: int = 2000,
     seed: int = 0,
-    split_level: int = 0,
+    split_level: int = 1,
     chunk: int = DEFAULT_CHUNK,
 ) -> TransplantResult:
     """Replace the target's workspace ``Phi_l`` (``blocks.{l}.hook_workspace``) by the donor's,
     for every layer ``l``, and score the prediction against both paths level by level.
 
-    With the default ``split_level=0`` the two paths share no node, so each level's overlap
-    says cleanly whose coefficient the model outputs.
+    With the default ``split_level=1`` the two paths share only the root node (with opposite
+    signs), so each level's overlap says cleanly whose coefficient the model outputs.
     """
     _check_tree(tree)
     _check_count("contexts", contexts)

@@ -3,11 +3,12 @@
 import pytest
 import torch
 
-from fvlib import make_generator, make_prior
+from fvlib import TreePrior, make_generator, make_prior
 from fvlib.models import make_model
 from fvlib.patching import (
     donor_signs,
     key_patching_sweep,
+    theory_patching_sweep,
     level_overlap,
     patch_keys,
     patching_pairs,
@@ -60,13 +61,18 @@ def random_a():
 
 
 # ----- pairs ------------------------------------------------------------------------------
-@pytest.mark.parametrize("split_level", [0, 1, 2])
+@pytest.mark.parametrize("split_level", [1, 2, 3])
 def test_pairs_share_inputs_and_split_where_asked(split_level):
     target, donor = patching_pairs(TREE, 400, split_level, N, 0.0, make_generator(0))
     assert torch.equal(target.x, donor.x) and torch.equal(target.x_query, donor.x_query)
     s, s2 = target.signs, donor.signs
-    assert torch.equal(s[:, :split_level], s2[:, :split_level])
-    assert torch.all(s[:, split_level] == -s2[:, split_level])
+    nodes, nodes2 = TREE.path_nodes(s), TREE.path_nodes(s2)
+    assert torch.equal(nodes[:, :split_level], nodes2[:, :split_level])  # shared path nodes
+    if split_level < K:
+        assert torch.all(nodes[:, split_level] != nodes2[:, split_level])  # first different node
+    flip = split_level - 1
+    assert torch.all(s[:, flip] == -s2[:, flip])
+    split_level = flip  # below: the signs after the flipped one
     torch.testing.assert_close(donor.y, torch.einsum("bnd,bd->bn", donor.x, donor.theta))
     torch.testing.assert_close(donor.y_query, (donor.theta * donor.x_query).sum(-1))
     below = (s[:, split_level + 1 :] == s2[:, split_level + 1 :]).double()
@@ -77,14 +83,16 @@ def test_pairs_share_inputs_and_split_where_asked(split_level):
 def test_donor_signs_checks_the_level():
     signs = TREE.sample_signs(4, make_generator(0))
     with pytest.raises(ValueError, match="split_level"):
-        donor_signs(TREE, signs, K, make_generator(0))
+        donor_signs(TREE, signs, K + 1, make_generator(0))
+    with pytest.raises(ValueError, match="split_level"):
+        donor_signs(TREE, signs, 0, make_generator(0))
     with pytest.raises(ValueError, match="TreePrior"):
-        patching_pairs(make_prior("gaussian-twin", K, 0.5), 4, 0, N, 0.0, make_generator(0))
+        patching_pairs(make_prior("gaussian-twin", K, 0.5), 4, 1, N, 0.0, make_generator(0))
 
 
 # ----- exactness --------------------------------------------------------------------------
 def test_patching_with_the_target_itself_changes_nothing(random_a):
-    target, _ = patching_pairs(TREE, 50, 0, N, 0.1, make_generator(1))
+    target, _ = patching_pairs(TREE, 50, 1, N, 0.1, make_generator(1))
     clean = random_a.predict_theta(target)
     _, cache = random_a.run_with_cache(target)
     for l in range(1, K + 1):
@@ -95,7 +103,7 @@ def test_patching_with_the_target_itself_changes_nothing(random_a):
 
 
 def test_transplanting_the_last_workspace_gives_the_donor_prediction(random_a):
-    target, donor = patching_pairs(TREE, 50, 0, N, 0.0, make_generator(2))
+    target, donor = patching_pairs(TREE, 50, 1, N, 0.0, make_generator(2))
     _, cache = random_a.run_with_cache(donor)
     name = f"blocks.{K}.hook_workspace"
     with random_a.hooks([(name, lambda t, hook: cache[name])]):
@@ -106,7 +114,7 @@ def test_layer_one_keys_do_not_depend_on_the_leaf(random_a):
     """Layer 1 routes with a constant matrix and donor/target share x: its patch is a no-op."""
     result = key_patching_sweep(random_a, TREE, N, 0.0, contexts=60, seed=0, chunk=25)
     assert result.loss.shape == (K, K) and result.stderr.shape == (K, K)
-    assert result.n_contexts == 60 and result.layers == [1, 2, 3] and result.split_levels == [0, 1, 2]
+    assert result.n_contexts == 60 and result.layers == [1, 2, 3] and result.split_levels == [1, 2, 3]
     assert float(result.loss[:, 0].mean()) == pytest.approx(result.baseline, rel=1e-12)
     torch.testing.assert_close(result.loss[:, 0], result.baseline_by_level, rtol=1e-12, atol=0)
 
@@ -149,7 +157,7 @@ def test_transplant_moves_the_prediction_to_the_donor(trained_a):
     assert result.donor_overlap.shape == (K, K) and result.n_contexts == 400
     assert result.baseline_overlap.min() > 0.7
     # the whole final workspace from the donor: the model predicts the donor's theta, and the
-    # target's root (opposite sign, split level 0) with overlap -1
+    # target's root (opposite sign, split level 1) with overlap -1
     assert result.donor_overlap[-1].min() > 0.7
     assert result.target_overlap[-1, 0] < -0.7
     assert result.target_overlap[-1, 1:].abs().max() < 0.3
@@ -174,3 +182,26 @@ def test_probe_arguments_are_checked(random_a):
         probe_workspace(random_a, TREE, N, 0.0, contexts=0)
     with pytest.raises(ValueError, match="kernel"):
         probe_workspace(random_a, TREE, N, 0.0, contexts=100, kind="kernel")
+
+
+# ----- theory side ------------------------------------------------------------------------
+def test_theory_heatmap_is_flat_before_the_split_and_high_after():
+    tree = TreePrior(4, 0.5)
+    result = theory_patching_sweep(tree, 128, 0.0, 4, contexts=300, seed=0)
+    loss, se = result.loss, result.stderr
+    assert loss.shape == (4, 4) and result.split_levels == [1, 2, 3, 4]
+    for m in range(1, 5):
+        for l in range(1, 5):
+            cell = float(loss[m - 1, l - 1])
+            if l <= m:  # same node measured (unless the donor misroutes): like the unpatched policy
+                gap = abs(cell - float(result.baseline_by_level[m - 1]))
+                assert gap <= 3 * float(se[m - 1, l - 1]) + 1e-12
+            else:
+                assert cell > 3 * float(result.baseline_by_level[m - 1])
+
+
+def test_theory_sweep_uses_the_same_pairs_as_the_model_sweep(random_a):
+    model_side = key_patching_sweep(random_a, TREE, N, 0.0, contexts=20, seed=3)
+    theory_side = theory_patching_sweep(TREE, N, 0.0, K, contexts=20, seed=3)
+    assert model_side.n_contexts == theory_side.n_contexts == 20
+    assert theory_side.loss.shape == model_side.loss.shape
