@@ -11,6 +11,9 @@ __version__ = "0.1.0"
 from .priors import GaussianPrior, TreePrior, make_prior  # noqa: E402
 from .task import TaskBatch, make_generator, sample_task  # noqa: E402
 
+# The heavier layers are imported on first use: ``fvlib.theory``, ``fvlib.models``,
+# ``fvlib.train``, ``fvlib.patching``, ``fvlib.plots``.
+
 __all__ = [
     "__version__",
     "GaussianPrior",

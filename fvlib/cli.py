@@ -73,7 +73,26 @@ def build_parser() -> argparse.ArgumentParser:
     theory.add_argument("--optimised", action="store_true", help="also optimise general non-adaptive directions")
     theory.add_argument("--dp", action="store_true", help="also the DP-optimal policy (depth <= 3)")
     theory.add_argument("--stderr", action="store_true", help="add Monte Carlo standard errors to the JSON")
-    theory.set_defaults(run=_run_theory)
+    theory.set_defaults(handler=_run_theory)
+
+    train = sub.add_parser("train", help="train model A, B or C and save a checkpoint")
+    train.add_argument("--model", choices=["A", "B", "C"], required=True)
+    _add_task_args(train, ["tree", "gaussian-twin", "gaussian"])
+    train.add_argument("--steps", type=_positive_int("--steps"), required=True)
+    train.add_argument("--batch", type=_positive_int("--batch"), default=256)
+    train.add_argument("--lr", type=_number("--lr", 0.0, None, low_open=True), default=3e-3)
+    train.add_argument("--width", type=_positive_int("--width"), default=128)
+    train.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda, ...")
+    train.add_argument("--out", required=True, help="run directory (resumed if it holds a checkpoint)")
+    train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    train.set_defaults(handler=_run_train)
+
+    patch = sub.add_parser("patch", help="key-patching heatmap of a trained tree-prior run")
+    patch.add_argument("--run", required=True, help="run directory written by 'train'")
+    patch.add_argument("--contexts", type=_positive_int("--contexts"), default=2000, help="pairs per split level")
+    patch.add_argument("--seed", type=int, default=0)
+    patch.add_argument("--json", action="store_true", help="print one JSON object")
+    patch.set_defaults(handler=_run_patch)
     return parser
 
 
@@ -108,6 +127,51 @@ def _run_theory(args) -> dict:
     return out
 
 
+def _run_train(args) -> dict:
+    from .train import TrainConfig, train
+
+    if args.seed < 0:
+        raise CliError(f"--seed must be >= 0, got {args.seed}")
+    config = TrainConfig(
+        model=args.model, prior=args.prior, depth=args.depth, alpha=args.alpha, n_ctx=args.n_ctx,
+        noise_std=args.noise_std, budget=args.budget, steps=args.steps, batch=args.batch, lr=args.lr,
+        width=args.width, seed=args.seed, device=args.device,
+    )
+    result = train(config, out_dir=args.out, progress=not args.no_progress)
+    return {
+        "final_loss": result.final_loss,
+        "seconds": result.seconds,
+        "checkpoint": str(result.checkpoint),
+        "steps": config.steps,
+        "model": config.model,
+        "prior": config.prior,
+    }
+
+
+def _run_patch(args) -> dict:
+    from .patching import key_patching_sweep, theory_patching_sweep
+    from .priors import TreePrior
+    from .train import build_prior, load_run
+
+    model, config, _ = load_run(args.run)
+    prior = build_prior(config)
+    if not isinstance(prior, TreePrior):
+        raise CliError(f"patching needs a run trained on the tree prior, {args.run} used {config.prior!r}")
+    kw = dict(contexts=args.contexts, seed=args.seed)
+    model_side = key_patching_sweep(model, prior, config.n_ctx, config.noise_std, **kw)
+    theory_side = theory_patching_sweep(prior, config.n_ctx, config.noise_std, model.config.n_layers, **kw)
+    return {
+        "baseline": model_side.baseline,
+        "loss": model_side.loss.tolist(),
+        "theory_loss": theory_side.loss.tolist(),
+        "theory_baseline": theory_side.baseline,
+        "stderr": model_side.stderr.tolist(),
+        "split_levels": model_side.split_levels,
+        "layers": model_side.layers,
+        "contexts": args.contexts,
+    }
+
+
 def _print(result: dict, as_json: bool) -> None:
     if as_json:
         print(json.dumps(result))
@@ -123,7 +187,7 @@ def main(argv=None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-        result = args.run(args)
+        result = args.handler(args)
     except CliError as err:
         print(f"fvlib: error: {err}", file=sys.stderr)
         return 2
@@ -133,5 +197,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("fvlib: interrupted", file=sys.stderr)
         return 130
-    _print(result, getattr(args, "json", False))
+    try:
+        _print(result, getattr(args, "json", False))
+    except BrokenPipeError:  # e.g. piped into `head`
+        sys.stderr.close()
     return 0

@@ -38,8 +38,9 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from .models import MODEL_KINDS, FVTransformer, ModelConfig, model_config
-from .priors import Prior, make_prior
+from .priors import Prior, TreePrior, make_prior
 from .task import TaskBatch, check_task_args, make_generator, sample_task
+from .theory import channel_tau2, evaluate_strategies, gaussian_coordinate_loss
 
 __all__ = [
     "PRIOR_KINDS",
@@ -57,6 +58,9 @@ __all__ = [
     "evaluate",
     "train",
     "load_run",
+    "MATCHING_BASELINE",
+    "theory_reference",
+    "compare_with_theory",
 ]
 
 PRIOR_KINDS = ("tree", "gaussian-twin", "gaussian")
@@ -609,3 +613,47 @@ def train(
         seconds=run.elapsed(),
         checkpoint=str(run.out_dir / MODEL_FILE) if run.out_dir is not None else None,
     )
+
+
+#: The theory baseline each model is measured against (DESIGN section 7).
+MATCHING_BASELINE = {"A": "adaptive_greedy", "B": "nonadaptive_opt", "C": "lmmse"}
+
+
+def theory_reference(config: TrainConfig, samples: int = 4000, seed: int = 0) -> dict:
+    """The theory value a model of ``config`` should be compared with.
+
+    Tree prior: model A against the adaptive greedy policy, B against optimised non-adaptive
+    directions, C against LMMSE (Monte Carlo, finite-N statistics, ``samples`` contexts).
+    Gaussian priors: the closed form of measuring the ``M`` largest-variance coordinates, the
+    same for A, B and C (depth buys nothing). Returns ``{"name", "value", "stderr", "samples"}``.
+    """
+    prior = build_prior(config)
+    tau2 = channel_tau2(prior, config.n_ctx, config.noise_std)
+    if not isinstance(prior, TreePrior):
+        value = gaussian_coordinate_loss(torch.diagonal(prior.second_moment()), config.budget, tau2)
+        return {"name": "gaussian_closed_form", "value": value, "stderr": 0.0, "samples": 0}
+    name = MATCHING_BASELINE[config.model]
+    est = evaluate_strategies(
+        prior, config.n_ctx, config.noise_std, config.budget, samples=samples, seed=seed, strategies=(name,)
+    )[name]
+    return {"name": name, "value": est.mean, "stderr": est.stderr, "samples": est.n}
+
+
+def compare_with_theory(model: FVTransformer, config: TrainConfig, contexts: int = 4000, seed: int = 0) -> dict:
+    """A trained model's excess loss next to its matching theory baseline, on ``contexts`` contexts.
+
+    Returns ``{"model", "model_stderr", "theory", "theory_stderr", "theory_name", "ratio",
+    "contexts"}`` where ``ratio = model / theory``.
+    """
+    prior = build_prior(config)
+    measured = evaluate(model, prior, config.n_ctx, config.noise_std, contexts=contexts, seed=seed + EVAL_SEED_OFFSET)
+    ref = theory_reference(config, samples=contexts, seed=seed)
+    return {
+        "model": measured["excess_loss"],
+        "model_stderr": measured["stderr"],
+        "theory": ref["value"],
+        "theory_stderr": ref["stderr"],
+        "theory_name": ref["name"],
+        "ratio": measured["excess_loss"] / ref["value"] if ref["value"] > 0 else float("inf"),
+        "contexts": contexts,
+    }

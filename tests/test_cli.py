@@ -53,3 +53,34 @@ def test_bad_input_is_one_line_without_traceback(args, needle):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in out.stderr
     assert needle in lines[0]
+
+
+def test_train_then_patch_round_trip(tmp_path):
+    run = tmp_path / "run"
+    out = run_cli("train", "--model", "A", "--prior", "tree", "--depth", "3", "--alpha", "0.5", "--n-ctx", "32",
+                  "--budget", "3", "--steps", "40", "--out", str(run), "--json", "--no-progress")
+    assert out.returncode == 0, out.stderr
+    trained = json.loads(out.stdout)
+    assert {"final_loss", "seconds", "checkpoint"} <= set(trained)
+    assert (run / "model.safetensors").is_file() and (run / "config.json").is_file()
+    out = run_cli("patch", "--run", str(run), "--contexts", "30", "--json")
+    assert out.returncode == 0, out.stderr
+    patched = json.loads(out.stdout)
+    assert {"baseline", "loss", "theory_loss"} <= set(patched)
+    assert len(patched["loss"]) == 3 and len(patched["loss"][0]) == 3  # rows m = 1..K, columns l = 1..L
+    assert len(patched["theory_loss"]) == 3
+
+
+@pytest.mark.parametrize("damage", ["missing", "corrupt-weights", "corrupt-config"])
+def test_patch_with_a_bad_run_directory_is_one_line(tmp_path, damage):
+    run = tmp_path / "run"
+    if damage != "missing":
+        out = run_cli("train", "--model", "C", "--depth", "2", "--n-ctx", "8", "--budget", "2", "--steps", "5",
+                      "--out", str(run), "--no-progress")
+        assert out.returncode == 0, out.stderr
+        victim = run / ("model.safetensors" if damage == "corrupt-weights" else "config.json")
+        victim.write_text("{ not what it should be")
+    out = run_cli("patch", "--run", str(run), "--json")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr and str(run) in lines[0]
