@@ -81,7 +81,7 @@ test-html: $(STAMP)
 
 # ---------------------------------------------------------------------------------------
 clean:
-	rm -rf "$(BUILD)" .pytest_cache .benchmarks
+	rm -rf "$(BUILD)" .pytest_cache .benchmarks book/.fvlib_runs .fvlib_runs
 	find . -path "./$(VENV)" -prune -o -name __pycache__ -type d -exec rm -rf {} +
 	find . -path "./$(VENV)" -prune -o -name .ipynb_checkpoints -type d -exec rm -rf {} +
 

@@ -26,6 +26,7 @@ Nothing is ever unpickled: tensors go through safetensors, scalars through JSON.
 from __future__ import annotations
 
 import json
+import hashlib
 import math
 import os
 import time
@@ -61,6 +62,7 @@ __all__ = [
     "MATCHING_BASELINE",
     "theory_reference",
     "compare_with_theory",
+    "run_dir_for",
 ]
 
 PRIOR_KINDS = ("tree", "gaussian-twin", "gaussian")
@@ -657,3 +659,22 @@ def compare_with_theory(model: FVTransformer, config: TrainConfig, contexts: int
         "ratio": measured["excess_loss"] / ref["value"] if ref["value"] > 0 else float("inf"),
         "contexts": contexts,
     }
+
+
+#: Environment variable that overrides where :func:`run_dir_for` keeps runs.
+RUN_ROOT_ENV = "FVLIB_RUN_ROOT"
+
+
+def run_dir_for(config: TrainConfig, root: str | os.PathLike | None = None) -> Path:
+    """A directory named after everything in ``config`` that changes the result.
+
+    ``train(config, out_dir=run_dir_for(config))`` trains once and, when called again with the
+    same config (another chapter, a re-run), resumes the finished run instead of retraining: the
+    numbers are identical either way because training is deterministic. ``root`` defaults to
+    ``$FVLIB_RUN_ROOT`` or ``./.fvlib_runs``.
+    """
+    root = Path(root if root is not None else os.environ.get(RUN_ROOT_ENV, ".fvlib_runs"))
+    fields_that_matter = {k: v for k, v in config.to_dict().items() if k not in RESUMABLE_FIELDS}
+    digest = hashlib.sha256(json.dumps(fields_that_matter, sort_keys=True).encode()).hexdigest()[:10]
+    name = f"{config.model}-{config.prior}-K{config.depth}-M{config.budget}-N{config.n_ctx}-s{config.steps}-{digest}"
+    return root / name
