@@ -31,7 +31,8 @@ from .strategies import greedy_action
 __all__ = ["dp_value", "greedy_value", "policy_value", "optimal_actions", "dp_policy_tree", "MAX_DP_DEPTH"]
 
 MAX_DP_DEPTH = 3
-MAX_QUAD_POINTS = 256
+MAX_HERMITE_POINTS = 256
+MAX_GRID_POINTS = 8192
 _CHUNK = 16384
 
 
@@ -45,11 +46,12 @@ def _check(tree: TreePrior, n_layers: int, tau: float, quad_points: int, rule: s
         raise ValueError(f"n_layers must be an integer in [1, {min(4, tree.dim)}], got {n_layers!r}")
     if not (isinstance(tau, (int, float)) and math.isfinite(tau) and tau > 0):
         raise ValueError(f"tau must be a positive number, got {tau!r}")
-    if isinstance(quad_points, bool) or not isinstance(quad_points, int) or not 2 <= quad_points <= MAX_QUAD_POINTS:
-        # numpy's Gauss-Hermite weights overflow beyond a few hundred points
-        raise ValueError(f"quad_points must be an integer in [2, {MAX_QUAD_POINTS}], got {quad_points!r}")
     if rule not in ("hermite", "grid"):
         raise ValueError(f"rule must be 'hermite' or 'grid', got {rule!r}")
+    # numpy's Gauss-Hermite weights overflow beyond a few hundred points; the grid has no such limit
+    most = MAX_HERMITE_POINTS if rule == "hermite" else MAX_GRID_POINTS
+    if isinstance(quad_points, bool) or not isinstance(quad_points, int) or not 2 <= quad_points <= most:
+        raise ValueError(f"quad_points must be an integer in [2, {most}] for rule {rule!r}, got {quad_points!r}")
     return quad_points, rule
 
 
