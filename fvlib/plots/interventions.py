@@ -1,0 +1,264 @@
+"""Figures and summaries for causal interventions: key patching and workspace transplant
+(DESIGN section 6).
+
+* :func:`patching_ratio` -- the heatmap of a :class:`fvlib.patching.PatchingResult` as a ratio
+  to the unpatched loss of the same targets;
+* :func:`patching_summary` -- mean ratios over the cells after (``l > m``), at (``l = m``) and
+  before (``l < m``) the split, and the largest deviation from the baseline for ``l <= m`` in
+  units of its standard error;
+* :func:`plot_patching_heatmap` and :func:`plot_patching_pair` -- the model's and the theory's
+  heatmaps side by side (rows: split level ``m = 1..K``; columns: patched layer ``l = 1..L``);
+* :func:`measurement_profile` -- where each layer of a gated-router model puts its
+  measurement weight, relative to the context's own path;
+* :func:`plot_transplant` -- overlap of the prediction with the donor's and the target's path,
+  level by level, after the workspace ``Phi_l`` is transplanted.
+
+Also the figures of the chapter on the inside of the model: :func:`workspace_projections`,
+:func:`plot_workspace_projections` (PCA of ``Phi_l`` coloured by path prefix) and
+:func:`plot_probe_heatmap` (probe accuracy per layer and level).
+
+Colours: the viridis-like ``cividis`` map and the Okabe-Ito palette (colour-blind safe).
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.colors import LogNorm
+
+from .trees import OKABE_ITO
+
+__all__ = [
+    "patching_ratio",
+    "patching_summary",
+    "plot_patching_heatmap",
+    "plot_patching_pair",
+    "plot_transplant",
+    "measurement_profile",
+    "workspace_projections",
+    "prefix_index",
+    "plot_workspace_projections",
+    "plot_probe_heatmap",
+]
+
+
+def patching_ratio(result) -> np.ndarray:
+    """``(K, L)`` array ``loss[m-1, l-1] / baseline_by_level[m-1]``: the patched loss over the
+    unpatched loss of the very same targets (1 = the patch changes nothing on average)."""
+    loss = np.asarray(result.loss, dtype=float)
+    base = np.asarray(result.baseline_by_level, dtype=float)[:, None]
+    return loss / base
+
+
+def _masks(shape: tuple[int, int]) -> dict[str, np.ndarray]:
+    K, L = shape
+    m = np.arange(1, K + 1)[:, None] * np.ones((1, L))
+    l = np.ones((K, 1)) * np.arange(1, L + 1)[None, :]
+    return {"after": l > m, "at": l == m, "before": l < m, "not_after": l <= m}
+
+
+def patching_summary(result) -> dict[str, float]:
+    """Summary numbers of a patching heatmap.
+
+    Returns a dict with
+
+    * ``after``, ``at``, ``before``: the mean of :func:`patching_ratio` over the cells with
+      ``l > m``, ``l = m`` and ``l < m`` (``nan`` when there is no such cell);
+    * ``max_z_not_after``: the largest ``|loss - baseline_by_level| / stderr`` over the cells
+      with ``l <= m`` (how far from "no effect" the flat part is, in standard errors);
+    * ``max_rel_not_after``: the largest ``|ratio - 1|`` over the same cells.
+    """
+    ratio = patching_ratio(result)
+    masks = _masks(ratio.shape)
+    out = {k: float(ratio[masks[k]].mean()) if masks[k].any() else float("nan") for k in ("after", "at", "before")}
+    loss = np.asarray(result.loss, dtype=float)
+    se = np.asarray(result.stderr, dtype=float)
+    base = np.asarray(result.baseline_by_level, dtype=float)[:, None] * np.ones_like(loss)
+    sel = masks["not_after"]
+    diff = np.abs(loss - base)[sel]
+    z = np.where(diff == 0, 0.0, diff / np.maximum(se[sel], 1e-300))
+    out["max_z_not_after"] = float(z.max())
+    out["max_rel_not_after"] = float(np.abs(ratio[sel] - 1).max())
+    return out
+
+
+def plot_patching_heatmap(result, ax=None, title: str | None = None, vmin: float = 0.5, vmax: float | None = None,
+                          annotate: bool = True, colorbar: bool = True):
+    """Draw ``patching_ratio(result)`` on log colour axes; the staircase line marks ``l = m``
+    (cells to its right are patched *after* the split). Returns the ``AxesImage``."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(4.2, 3.6))
+    ratio = patching_ratio(result)
+    K, L = ratio.shape
+    vmax = float(max(ratio.max(), 2.0)) if vmax is None else vmax
+    image = ax.imshow(np.clip(ratio, vmin, vmax), cmap="cividis", norm=LogNorm(vmin=vmin, vmax=vmax),
+                      origin="upper", aspect="auto")
+    if annotate:
+        for i in range(K):
+            for j in range(L):
+                value = ratio[i, j]
+                light = np.log(max(value, vmin) / vmin) < 0.55 * np.log(vmax / vmin)
+                ax.text(j, i, f"{value:.1f}" if value < 100 else f"{value:.0f}", ha="center", va="center",
+                        fontsize=8, color="white" if light else "black")
+    # boundary between l <= m and l > m: vertical edge right of column l = m in row m
+    xs, ys = [], []
+    for i in range(K):
+        edge = min(i + 1, L) - 0.5
+        xs += [edge, edge]
+        ys += [i - 0.5, i + 0.5]
+    ax.plot(xs, ys, color=OKABE_ITO["vermillion"], lw=2, label="$l = m$")
+    ax.set_xticks(range(L), [str(l) for l in range(1, L + 1)])
+    ax.set_yticks(range(K), [str(m) for m in range(1, K + 1)])
+    ax.set_xlabel("patched layer $l$")
+    ax.set_ylabel("split level $m$")
+    if title:
+        ax.set_title(title, fontsize=10)
+    if colorbar:
+        ax.figure.colorbar(image, ax=ax, label="loss / unpatched loss")
+    return image
+
+
+def plot_patching_pair(model_result, theory_result, titles=("trained model A", "greedy theory policy"),
+                       figsize=(9.5, 3.8)):
+    """The model's and the theory's heatmaps side by side on a shared colour scale.
+    Returns ``(fig, axes)``."""
+    vmax = float(max(patching_ratio(model_result).max(), patching_ratio(theory_result).max(), 2.0))
+    fig, axes = plt.subplots(1, 2, figsize=figsize, constrained_layout=True)
+    plot_patching_heatmap(model_result, ax=axes[0], title=titles[0], vmax=vmax, colorbar=False)
+    image = plot_patching_heatmap(theory_result, ax=axes[1], title=titles[1], vmax=vmax, colorbar=False)
+    fig.colorbar(image, ax=list(axes), label="loss / unpatched loss")
+    return fig, axes
+
+
+def plot_transplant(result, axes=None, figsize=(9.5, 3.4)):
+    """Per tree level ``k`` (one panel each), the overlap of ``theta_hat`` with the target's
+    path and with the donor's path after the workspace ``Phi_l`` is transplanted, against
+    ``l``; the dotted line is the unpatched overlap with the target. Returns ``(fig, axes)``;
+    each panel holds two lines (target, donor) and one horizontal reference line."""
+    target = np.asarray(result.target_overlap, dtype=float)
+    donor = np.asarray(result.donor_overlap, dtype=float)
+    base = np.asarray(result.baseline_overlap, dtype=float)
+    L, K = target.shape
+    if axes is None:
+        fig, axes = plt.subplots(1, K, figsize=figsize, sharey=True, constrained_layout=True)
+    axes = np.atleast_1d(axes)
+    fig = axes[0].figure
+    layers = np.arange(1, L + 1)
+    for k, ax in enumerate(axes):
+        ax.plot(layers, target[:, k], "o-", color=OKABE_ITO["blue"], label="target")
+        ax.plot(layers, donor[:, k], "s--", color=OKABE_ITO["orange"], label="donor")
+        ax.axhline(base[k], color="0.4", ls=":", lw=1, label="no transplant")
+        ax.axhline(0, color="0.8", lw=0.8)
+        ax.set_title(f"level {k}", fontsize=10)
+        ax.set_xticks(layers)
+        ax.set_xlabel(r"$\Phi_l$ transplanted, $l$")
+    axes[0].set_ylabel("overlap with path")
+    axes[-1].legend(fontsize=7, frameon=False, loc="center left")
+    return fig, axes
+
+
+def measurement_profile(model, tree, batch):
+    """Where a gated-router model looks: for every layer ``l`` and tree level ``k``, the mean
+    fraction of the squared weight of the measurement matrix ``G_l(Phi_{l-1})`` (all ``d``
+    channels together) that falls on the context's *own* path node at level ``k``.
+
+    ``batch``: a :class:`fvlib.task.TaskBatch` from ``tree`` (its ``signs`` give the paths).
+    Returns a ``(L, K + 1)`` numpy array; the last column is the weight off the path. Rows sum
+    to one. In the ideal adaptive policy row ``l`` is the indicator of level ``l - 1``.
+    """
+    import torch
+
+    if model.config.router != "gated":
+        raise ValueError(f"measurement_profile needs a gated router, got {model.config.router!r}")
+    with torch.no_grad():
+        _, cache = model.run_with_cache(batch, names_filter="blocks.*.hook_workspace")
+        nodes = tree.path_nodes(batch.signs.cpu())  # (B, K)
+        rows = []
+        for l in range(1, model.config.n_layers + 1):
+            previous = cache[f"blocks.{l - 1}.hook_workspace"] if l > 1 else batch.x.new_zeros(batch.x.shape[0], 0)
+            weight = (model.block(l).router.matrix(previous.to(batch.x.dtype)) ** 2).sum(1).double().cpu()  # (B, D)
+            weight = weight / weight.sum(-1, keepdim=True)
+            on_path = weight.gather(-1, nodes)  # (B, K)
+            rows.append(torch.cat([on_path, 1 - on_path.sum(-1, keepdim=True)], dim=-1).mean(0))
+    return torch.stack(rows).numpy()
+
+
+# ----------------------------------------------------------------------------------------
+# Inside the model (chapter "Inside the model"): the workspace across layers and probes
+# ----------------------------------------------------------------------------------------
+def workspace_projections(model, batch, components: int = 2) -> list[dict]:
+    """Principal-component projections of the workspace ``Phi_l`` of every layer.
+
+    ``batch``: a :class:`fvlib.task.TaskBatch` with ``B`` contexts. For each layer ``l`` the
+    centred workspaces ``(B, l d)`` are projected on their top ``min(components, l d)``
+    principal directions (``torch.linalg.svd``). Returns a list of ``L`` dicts with
+    ``coords`` (``(B, c)`` numpy array) and ``explained`` (``(c,)`` fractions of variance).
+    """
+    import torch
+
+    with torch.no_grad():
+        _, cache = model.run_with_cache(batch, names_filter="blocks.*.hook_workspace")
+    out = []
+    for l in range(1, model.config.n_layers + 1):
+        phi = cache[f"blocks.{l}.hook_workspace"].double().cpu()
+        centred = phi - phi.mean(0)
+        _, s, vh = torch.linalg.svd(centred, full_matrices=False)
+        c = min(components, vh.shape[0])
+        out.append({"coords": (centred @ vh[:c].T).numpy(), "explained": (s[:c] ** 2 / (s**2).sum()).numpy()})
+    return out
+
+
+def prefix_index(signs, length: int) -> np.ndarray:
+    """Index ``0 .. 2^length - 1`` of the path prefix ``(s_0, ..., s_{length-1})`` read as binary
+    digits (``+1`` as 1, ``s_0`` most significant), so prefixes of one subtree are adjacent.
+    ``signs``: ``(B, K)`` in {-1, +1}; returns ``(B,)`` integers."""
+    bits = (np.asarray(signs)[:, :length] > 0).astype(int)
+    return bits @ (2 ** np.arange(length - 1, -1, -1)) if length else np.zeros(len(bits), int)
+
+
+def plot_workspace_projections(projections, signs, axes=None, seed: int = 0, size: float = 2.6):
+    """One scatter panel per layer: the workspace ``Phi_l`` projected on its top principal
+    directions, each context coloured by its path prefix ``(s_0..s_{l-1})`` (``2^l`` colours of
+    the ``viridis`` map, adjacent colours = neighbouring subtrees). A one-dimensional
+    workspace (``l d = 1``) is drawn against a small random jitter. Returns ``(fig, axes)``."""
+    L = len(projections)
+    if axes is None:
+        fig, axes = plt.subplots(1, L, figsize=(size * L, size + 0.4), constrained_layout=True)
+    axes = np.atleast_1d(axes)
+    fig = axes[0].figure
+    rng = np.random.default_rng(seed)
+    for l, (proj, ax) in enumerate(zip(projections, axes), start=1):
+        coords = proj["coords"]
+        colour = prefix_index(signs, l)
+        y = coords[:, 1] if coords.shape[1] > 1 else rng.uniform(-1, 1, len(coords))
+        ax.scatter(coords[:, 0], y, c=colour, cmap="viridis", vmin=0, vmax=2**l - 1, s=4, alpha=0.6,
+                   linewidths=0)
+        share = proj["explained"]
+        ax.set_title(f"$\\Phi_{{{l}}}$: {2**l} prefixes", fontsize=9)
+        ax.set_xlabel(f"PC1 ({share[0]:.0%})", fontsize=8)
+        ax.set_ylabel(f"PC2 ({share[1]:.0%})" if coords.shape[1] > 1 else "jitter", fontsize=8)
+        ax.tick_params(labelsize=7)
+    return fig, axes
+
+
+def plot_probe_heatmap(result, ax=None, title: str | None = None, colorbar: bool = True):
+    """Probe accuracy ``(L, K)`` of a :class:`fvlib.patching.ProbeResult` as an annotated heatmap
+    (rows: workspace ``Phi_l``; columns: tree level ``k``; 0.5 = chance). Returns the image."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(4.2, 3.4))
+    acc = np.asarray(result.accuracy, dtype=float)
+    L, K = acc.shape
+    image = ax.imshow(acc, cmap="cividis", vmin=0.5, vmax=1.0, aspect="auto")
+    for i in range(L):
+        for j in range(K):
+            ax.text(j, i, f"{acc[i, j]:.2f}", ha="center", va="center", fontsize=8,
+                    color="white" if acc[i, j] < 0.75 else "black")
+    ax.set_xticks(range(K), [str(k) for k in range(K)])
+    ax.set_yticks(range(L), [f"$\\Phi_{{{l}}}$" for l in range(1, L + 1)])
+    ax.set_xlabel("tree level $k$ (sign $s_k$)")
+    ax.set_ylabel("workspace")
+    if title:
+        ax.set_title(title, fontsize=10)
+    if colorbar:
+        ax.figure.colorbar(image, ax=ax, label="test accuracy")
+    return image

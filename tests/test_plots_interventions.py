@@ -1,0 +1,103 @@
+"""fvlib.plots.interventions: patching ratios, summaries, heatmaps and transplant panels."""
+
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from fvlib import TreePrior  # noqa: E402
+from fvlib.models import model_a  # noqa: E402
+from fvlib.patching import PatchingResult, TransplantResult, theory_patching_sweep, transplant_workspace  # noqa: E402
+from fvlib.plots.interventions import (  # noqa: E402
+    patching_ratio,
+    patching_summary,
+    plot_patching_heatmap,
+    plot_patching_pair,
+    plot_transplant,
+)
+
+
+def teardown_function():
+    plt.close("all")
+
+
+def _fake(K=3, L=3):
+    base = torch.tensor([0.1, 0.2, 0.4], dtype=torch.float64)[:K]
+    loss = base[:, None].repeat(1, L).clone()
+    loss[0, 1:] = 1.0  # after the split at m = 1
+    loss[1, 2] = 2.0  # after the split at m = 2
+    return PatchingResult(
+        baseline=float(base.mean()),
+        baseline_stderr=0.01,
+        baseline_by_level=base,
+        loss=loss,
+        stderr=torch.full((K, L), 0.01, dtype=torch.float64),
+        donor_loss=loss.clone(),
+        n_contexts=10,
+    )
+
+
+def test_ratio_and_summary():
+    r = _fake()
+    ratio = patching_ratio(r)
+    assert ratio.shape == (3, 3)
+    assert np.allclose(np.diag(ratio), 1.0)
+    s = patching_summary(r)
+    assert math.isclose(s["after"], np.mean([10.0, 10.0, 10.0]))
+    assert math.isclose(s["before"], 1.0) and math.isclose(s["at"], 1.0)
+    assert s["max_z_not_after"] == 0.0 and s["max_rel_not_after"] == 0.0
+
+
+def test_heatmap_and_pair_draw():
+    r = _fake()
+    image = plot_patching_heatmap(r, title="x")
+    assert image.get_array().shape == (3, 3)
+    assert len(image.axes.texts) == 9
+    fig, axes = plot_patching_pair(r, r)
+    assert len(axes) == 2 and all(len(ax.images) == 1 for ax in axes)
+
+
+def test_theory_sweep_is_flat_before_the_split_and_plots():
+    tree = TreePrior(3, 0.5)
+    r = theory_patching_sweep(tree, 64, 0.0, n_layers=3, contexts=200, seed=1)
+    s = patching_summary(r)
+    assert s["after"] > 2 and s["max_rel_not_after"] < 0.2
+    plot_patching_heatmap(r)
+
+
+def test_transplant_panels():
+    tree = TreePrior(3, 0.5)
+    model = model_a(tree, budget=3, width=16)
+    t = transplant_workspace(model, tree, 32, 0.0, contexts=50, seed=0)
+    assert isinstance(t, TransplantResult)
+    fig, axes = plot_transplant(t)
+    assert len(axes) == 3
+    assert all(len(ax.lines) == 4 for ax in axes)
+
+
+def test_workspace_projections_and_probe_heatmap():
+    from fvlib import make_generator, sample_task
+    from fvlib.patching import ProbeResult
+    from fvlib.plots.interventions import (
+        plot_probe_heatmap,
+        plot_workspace_projections,
+        prefix_index,
+        workspace_projections,
+    )
+
+    tree = TreePrior(3, 0.5)
+    model = model_a(tree, budget=3, width=16)
+    batch = sample_task(tree, 40, 32, 0.0, make_generator(0))
+    proj = workspace_projections(model, batch)
+    assert [p["coords"].shape for p in proj] == [(40, 1), (40, 2), (40, 2)]
+    assert all(0.99 < p["explained"].sum() <= 1.0 + 1e-9 for p in proj[:2])
+    assert list(prefix_index(np.array([[1, -1, 1], [-1, -1, 1]]), 2)) == [2, 0]
+    fig, axes = plot_workspace_projections(proj, batch.signs.numpy())
+    assert len(axes) == 3 and all(len(ax.collections) == 1 for ax in axes)
+    r = ProbeResult(accuracy=torch.full((3, 3), 0.7, dtype=torch.float64), kind="linear", n_train=1, n_test=1)
+    image = plot_probe_heatmap(r)
+    assert image.get_array().shape == (3, 3)
