@@ -362,7 +362,7 @@ class FVTransformer(nn.Module):
     ) -> torch.Tensor:
         """Query predictions ``y_hat_q``, shape ``(B,)``.
 
-        Call with a :class:`TaskBatch` or with tensors ``x (B, N, D)``, ``y (B, N)``,
+        Call with a :class:`~fvlib.task.TaskBatch` or with tensors ``x (B, N, D)``, ``y (B, N)``,
         ``x_query (B, D)``. Several query tokens per context, ``x_query (B, Q, D)``, give
         predictions ``(B, Q)``.
         """

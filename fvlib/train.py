@@ -411,7 +411,7 @@ def load_run(run_dir: str | os.PathLike) -> tuple[FVTransformer, TrainConfig, li
     """Load a trained run: ``(model, config, history)``; the model is on the CPU in eval mode.
 
     Raises:
-        RunDirError (a ``ValueError``): missing directory or files, corrupt JSON or
+        RunDirError: (a ``ValueError``) missing directory or files, corrupt JSON or
             safetensors, or files from different checkpoints; the message names the path.
     """
     run_dir = Path(run_dir)
