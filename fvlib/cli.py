@@ -93,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     patch.add_argument("--seed", type=int, default=0)
     patch.add_argument("--json", action="store_true", help="print one JSON object")
     patch.set_defaults(handler=_run_patch)
+
+    repro = sub.add_parser("reproduce", help="regenerate the book's result files (JSON)")
+    repro.add_argument("--quick", action="store_true", help="small configuration (about a minute)")
+    repro.add_argument("--out", required=True, help="output directory")
+    repro.add_argument("--seed", type=int, default=0)
+    repro.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    repro.set_defaults(handler=_run_reproduce)
     return parser
 
 
@@ -170,6 +177,14 @@ def _run_patch(args) -> dict:
         "layers": model_side.layers,
         "contexts": args.contexts,
     }
+
+
+def _run_reproduce(args) -> dict:
+    from .reproduce import reproduce
+
+    if args.seed < 0:
+        raise CliError(f"--seed must be >= 0, got {args.seed}")
+    return reproduce(args.out, quick=args.quick, seed=args.seed, progress=not args.no_progress)
 
 
 def _print(result: dict, as_json: bool) -> None:

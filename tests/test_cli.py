@@ -84,3 +84,14 @@ def test_patch_with_a_bad_run_directory_is_one_line(tmp_path, damage):
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in out.stderr and str(run) in lines[0]
+
+
+def test_reproduce_quick_writes_every_result_file(tmp_path):
+    out = run_cli("reproduce", "--quick", "--out", str(tmp_path), "--no-progress")
+    assert out.returncode == 0, out.stderr
+    for name in ("theory", "dp", "models", "patching"):
+        data = json.loads((tmp_path / f"{name}.json").read_text())
+        assert data
+    models = json.loads((tmp_path / "models.json").read_text())
+    assert set(models) == {f"{k}/{p}" for k in "ABC" for p in ("tree", "gaussian-twin")}
+    assert all(entry["model"] > 0 and entry["contexts"] == 200 for entry in models.values())
