@@ -190,6 +190,28 @@ class PatchingResult:
         }
 
 
+def _collect_sweep(baseline, target_err, donor_err, contexts: int) -> PatchingResult:
+    """Assemble a :class:`PatchingResult` from per-chunk squared errors.
+
+    ``baseline[row]`` and ``target_err[row][l - 1]`` / ``donor_err[row][l - 1]`` are lists of
+    ``(chunk,)`` tensors for split level ``m = row + 1`` and layer ``l``.
+    """
+    errors = torch.stack([torch.stack([torch.cat(cell) for cell in row]) for row in target_err])  # (K, L, n)
+    donor_errors = torch.stack([torch.stack([torch.cat(cell) for cell in row]) for row in donor_err])
+    loss, stderr = _mean_and_stderr(errors)
+    baseline_errors = torch.stack([torch.cat(level) for level in baseline])  # (K, n)
+    base_mean, base_stderr = _mean_and_stderr(baseline_errors.flatten())
+    return PatchingResult(
+        baseline=float(base_mean),
+        baseline_stderr=float(base_stderr),
+        baseline_by_level=baseline_errors.mean(-1),
+        loss=loss,
+        stderr=stderr,
+        donor_loss=donor_errors.mean(-1),
+        n_contexts=contexts,
+    )
+
+
 @torch.no_grad()
 def key_patching_sweep(
     model: FVTransformer,
@@ -222,20 +244,7 @@ def key_patching_sweep(
                 theta_hat = patch_keys(model, target, donor_cache[f"blocks.{l}.hook_keys"], l)
                 target_err[row][l - 1].append(_sq_error(theta_hat, target.theta))
                 donor_err[row][l - 1].append(_sq_error(theta_hat, donor.theta))
-    errors = torch.stack([torch.stack([torch.cat(cell) for cell in row]) for row in target_err])  # (K, L, n)
-    donor_errors = torch.stack([torch.stack([torch.cat(cell) for cell in row]) for row in donor_err])
-    loss, stderr = _mean_and_stderr(errors)
-    baseline_errors = torch.stack([torch.cat(level) for level in baseline])  # (K, n)
-    base_mean, base_stderr = _mean_and_stderr(baseline_errors.flatten())
-    return PatchingResult(
-        baseline=float(base_mean),
-        baseline_stderr=float(base_stderr),
-        baseline_by_level=baseline_errors.mean(-1),
-        loss=loss,
-        stderr=stderr,
-        donor_loss=donor_errors.mean(-1),
-        n_contexts=contexts,
-    )
+    return _collect_sweep(baseline, target_err, donor_err, contexts)
 
 
 def theory_patching_sweep(
@@ -278,20 +287,7 @@ def theory_patching_sweep(
                 theta_hat = run_greedy(tree, target_chan, L, tau2, forced={l: donor_nodes[:, l - 1]}).theta_hat
                 target_err[row][l - 1].append(_sq_error(theta_hat, theta_t))
                 donor_err[row][l - 1].append(_sq_error(theta_hat, theta_d))
-    errors = torch.stack([torch.stack([torch.cat(cell) for cell in r]) for r in target_err])
-    donor_errors = torch.stack([torch.stack([torch.cat(cell) for cell in r]) for r in donor_err])
-    loss, stderr = _mean_and_stderr(errors)
-    baseline_errors = torch.stack([torch.cat(level) for level in baseline])
-    base_mean, base_stderr = _mean_and_stderr(baseline_errors.flatten())
-    return PatchingResult(
-        baseline=float(base_mean),
-        baseline_stderr=float(base_stderr),
-        baseline_by_level=baseline_errors.mean(-1),
-        loss=loss,
-        stderr=stderr,
-        donor_loss=donor_errors.mean(-1),
-        n_contexts=contexts,
-    )
+    return _collect_sweep(baseline, target_err, donor_err, contexts)
 
 
 # ----------------------------------------------------------------------------------------
