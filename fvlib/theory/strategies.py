@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..priors import GaussianPrior, TreePrior
+from ..priors import TreePrior
 from .channel import FiniteSampleChannel, GaussianChannel, sample_statistic
 from .closed_forms import (
     _check_budget,
@@ -329,7 +329,3 @@ def theory_baselines(
     out["samples"] = samples
     return out
 
-
-def gaussian_twin_of(tree: TreePrior) -> GaussianPrior:
-    """Shortcut for :meth:`GaussianPrior.twin_of`."""
-    return GaussianPrior.twin_of(tree)
