@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ..priors import TreePrior
-from ..theory import evaluate_strategies
+from ..theory import evaluate_strategies, tree_posterior_cov, twin_finite_n_loss  # noqa: F401 (re-exported)
 from ..train import TrainConfig, TrainResult, run_dir_for, train
 from .trees import OKABE_ITO as _OI
 
@@ -86,32 +86,6 @@ def train_all(configs: Mapping, progress: bool = True) -> dict:
     Returns ``{key: TrainResult}`` with the keys of ``configs``.
     """
     return {key: train(cfg, out_dir=run_dir_for(cfg), progress=progress) for key, cfg in configs.items()}
-
-
-def twin_finite_n_loss(variances, budget: int, n_ctx: int, tau2: float) -> float:
-    """Closed form for the Gaussian twin measured on its ``M`` largest-variance coordinates,
-    decoded linearly, *with* the finite-``N`` term.
-
-    The pooled statistic ``g_n = (1/N) sum_i y_i x_{i,n}`` has
-    ``E g_n^2 = v_n (1 + 1/N) + tau^2``: besides the channel noise ``tau^2`` it carries the
-    extra ``v_n / N`` of ``theta_n^2 / N`` in its conditional variance. The best linear
-    decoder leaves ``v (tau^2 + v/N) / (v (1 + 1/N) + tau^2)`` per measured coordinate
-    (``v tau^2 / (v + tau^2)`` when the ``v/N`` term is dropped) and ``v`` per unmeasured one.
-    ``variances`` has shape ``(D,)``.
-    """
-    v = torch.sort(torch.as_tensor(variances, dtype=torch.float64).flatten(), descending=True).values
-    m, rest = v[:budget], v[budget:]
-    return float(rest.sum() + (m * (tau2 + m / n_ctx) / (m * (1 + 1 / n_ctx) + tau2)).sum())
-
-
-def tree_posterior_cov(tree: TreePrior, probs: torch.Tensor) -> torch.Tensor:
-    """Posterior covariance ``(B, D, D)`` of ``theta`` under a tree prior, from leaf
-    probabilities ``probs (B, 2^K)``: ``sum_j p_j theta_j theta_j^T - mean mean^T``."""
-    leaves = tree.leaf_thetas.to(torch.float64)
-    probs = torch.as_tensor(probs, dtype=torch.float64)
-    mean = probs @ leaves
-    second = torch.einsum("bj,jd,je->bde", probs, leaves, leaves)
-    return second - mean[:, :, None] * mean[:, None, :]
 
 
 def plot_covariance_heatmaps(covs, titles: Sequence[str], axes=None, vmax: float | None = None, cmap="RdBu_r"):

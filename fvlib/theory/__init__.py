@@ -14,6 +14,7 @@ from .closed_forms import (
     gaussian_posterior_cov,
     noisefree_adaptive_loss,
     noisefree_nonadaptive_loss,
+    twin_finite_n_loss,
 )
 from .dp import dp_policy_tree, dp_value, greedy_value, optimal_actions, policy_value
 from .fits import DecayFit, fit_decay
@@ -25,6 +26,7 @@ from .posteriors import (
     node_masses,
     node_posterior_variances,
     posterior_probs,
+    tree_posterior_cov,
     tree_posterior_mean,
     tree_posterior_variance,
     uniform_log_weights,

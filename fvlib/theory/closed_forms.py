@@ -15,6 +15,7 @@ __all__ = [
     "gaussian_posterior",
     "gaussian_posterior_cov",
     "finite_n_covariance",
+    "twin_finite_n_loss",
 ]
 
 
@@ -105,3 +106,19 @@ def finite_n_covariance(theta: torch.Tensor, W: torch.Tensor, n_ctx: int, noise_
     W = torch.as_tensor(W, dtype=torch.float64)
     Wt = W @ theta
     return ((theta @ theta + noise_std**2) * (W @ W.T) + torch.outer(Wt, Wt)) / n_ctx
+
+
+def twin_finite_n_loss(variances, budget: int, n_ctx: int, tau2: float) -> float:
+    """Closed form for the Gaussian twin measured on its ``M`` largest-variance coordinates,
+    decoded linearly, *with* the finite-``N`` term.
+
+    The pooled statistic ``g_n = (1/N) sum_i y_i x_{i,n}`` has
+    ``E g_n^2 = v_n (1 + 1/N) + tau^2``: besides the channel noise ``tau^2`` it carries the
+    extra ``v_n / N`` of ``theta_n^2 / N`` in its conditional variance. The best linear
+    decoder leaves ``v (tau^2 + v/N) / (v (1 + 1/N) + tau^2)`` per measured coordinate
+    (``v tau^2 / (v + tau^2)`` when the ``v/N`` term is dropped) and ``v`` per unmeasured one.
+    ``variances`` has shape ``(D,)``.
+    """
+    v = torch.sort(torch.as_tensor(variances, dtype=torch.float64).flatten(), descending=True).values
+    m, rest = v[:budget], v[budget:]
+    return float(rest.sum() + (m * (tau2 + m / n_ctx) / (m * (1 + 1 / n_ctx) + tau2)).sum())

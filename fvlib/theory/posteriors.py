@@ -27,6 +27,7 @@ __all__ = [
     "tree_posterior_mean",
     "tree_posterior_variance",
     "node_posterior_variances",
+    "tree_posterior_cov",
 ]
 
 
@@ -123,3 +124,13 @@ def node_posterior_variances(tree: TreePrior, probs: torch.Tensor) -> torch.Tens
     scales2 = (tree.level_scales**2)[tree.node_levels]
     mean = tree_posterior_mean(tree, probs)
     return scales2 * node_masses(tree, probs) - mean * mean
+
+
+def tree_posterior_cov(tree: TreePrior, probs: torch.Tensor) -> torch.Tensor:
+    """Posterior covariance ``(B, D, D)`` of ``theta`` under a tree prior, from leaf
+    probabilities ``probs (B, 2^K)``: ``sum_j p_j theta_j theta_j^T - mean mean^T``."""
+    leaves = tree.leaf_thetas.to(torch.float64)
+    probs = torch.as_tensor(probs, dtype=torch.float64)
+    mean = probs @ leaves
+    second = torch.einsum("bj,jd,je->bde", probs, leaves, leaves)
+    return second - mean[:, :, None] * mean[:, None, :]
