@@ -190,6 +190,28 @@ class PatchingResult:
         }
 
 
+def _run_sweep(tree, n_layers, n_ctx, noise_std, contexts, seed, chunk, run_pair) -> PatchingResult:
+    """Draw ``contexts`` donor/target pairs per split level ``m = 1..K`` (seeded, chunked) and
+    score ``run_pair(target, donor) -> (clean theta_hat, [patched theta_hat per layer],
+    theta_target, theta_donor)``; shared by the model and theory sweeps so both see the same pairs."""
+    _check_tree(tree)
+    _check_count("contexts", contexts)
+    K, L = tree.depth, n_layers
+    generator = make_generator(seed)
+    baseline = [[] for _ in range(K)]
+    target_err = [[[] for _ in range(L)] for _ in range(K)]
+    donor_err = [[[] for _ in range(L)] for _ in range(K)]
+    for row in range(K):
+        for size in _chunks(contexts, chunk):
+            target, donor = patching_pairs(tree, size, row + 1, n_ctx, noise_std, generator)
+            clean, patched, theta_t, theta_d = run_pair(target, donor)
+            baseline[row].append(_sq_error(clean, theta_t))
+            for l, theta_hat in enumerate(patched, start=1):
+                target_err[row][l - 1].append(_sq_error(theta_hat, theta_t))
+                donor_err[row][l - 1].append(_sq_error(theta_hat, theta_d))
+    return _collect_sweep(baseline, target_err, donor_err, contexts)
+
+
 def _collect_sweep(baseline, target_err, donor_err, contexts: int) -> PatchingResult:
     """Assemble a :class:`PatchingResult` from per-chunk squared errors.
 
@@ -227,24 +249,15 @@ def key_patching_sweep(
     ``contexts`` donor/target pairs per split level (the same pairs for every layer), drawn
     with ``seed``. See :class:`PatchingResult` for the layout.
     """
-    _check_tree(tree)
-    _check_count("contexts", contexts)
-    K, L = tree.depth, model.config.n_layers
     device = _model_device(model)
-    generator = make_generator(seed)
-    baseline = [[] for _ in range(K)]
-    target_err = [[[] for _ in range(L)] for _ in range(K)]
-    donor_err = [[[] for _ in range(L)] for _ in range(K)]
-    for row in range(K):
-        for size in _chunks(contexts, chunk):
-            target, donor = (b.to(device) for b in patching_pairs(tree, size, row + 1, n_ctx, noise_std, generator))
-            _, donor_cache = model.run_with_cache(donor, names_filter="blocks.*.hook_keys")
-            baseline[row].append(_sq_error(model.predict_theta(target), target.theta))
-            for l in range(1, L + 1):
-                theta_hat = patch_keys(model, target, donor_cache[f"blocks.{l}.hook_keys"], l)
-                target_err[row][l - 1].append(_sq_error(theta_hat, target.theta))
-                donor_err[row][l - 1].append(_sq_error(theta_hat, donor.theta))
-    return _collect_sweep(baseline, target_err, donor_err, contexts)
+
+    def run_pair(target, donor):
+        target, donor = target.to(device), donor.to(device)
+        _, donor_cache = model.run_with_cache(donor, names_filter="blocks.*.hook_keys")
+        patched = [patch_keys(model, target, donor_cache[f"blocks.{l}.hook_keys"], l) for l in range(1, model.config.n_layers + 1)]
+        return model.predict_theta(target), patched, target.theta, donor.theta
+
+    return _run_sweep(tree, model.config.n_layers, n_ctx, noise_std, contexts, seed, chunk, run_pair)
 
 
 def theory_patching_sweep(
@@ -266,28 +279,21 @@ def theory_patching_sweep(
     ``seed``, so the two heatmaps compare the same contexts. ``n_layers`` is the policy's depth
     (the model's ``L``).
     """
-    _check_tree(tree)
-    _check_count("contexts", contexts)
     _check_count("n_layers", n_layers)
-    K, L = tree.depth, n_layers
     tau2 = channel_tau2(tree, n_ctx, noise_std)
-    generator = make_generator(seed)
-    baseline = [[] for _ in range(K)]
-    target_err = [[[] for _ in range(L)] for _ in range(K)]
-    donor_err = [[[] for _ in range(L)] for _ in range(K)]
-    for row in range(K):
-        for size in _chunks(contexts, chunk):
-            target, donor = patching_pairs(tree, size, row + 1, n_ctx, noise_std, generator)
-            target_chan = FiniteSampleChannel(target.to("cpu", torch.float64).sufficient_statistic())
-            donor_chan = FiniteSampleChannel(donor.to("cpu", torch.float64).sufficient_statistic())
-            theta_t, theta_d = target.theta.double(), donor.theta.double()
-            donor_nodes = run_greedy(tree, donor_chan, L, tau2).nodes
-            baseline[row].append(_sq_error(run_greedy(tree, target_chan, L, tau2).theta_hat, theta_t))
-            for l in range(1, L + 1):
-                theta_hat = run_greedy(tree, target_chan, L, tau2, forced={l: donor_nodes[:, l - 1]}).theta_hat
-                target_err[row][l - 1].append(_sq_error(theta_hat, theta_t))
-                donor_err[row][l - 1].append(_sq_error(theta_hat, theta_d))
-    return _collect_sweep(baseline, target_err, donor_err, contexts)
+
+    def run_pair(target, donor):
+        target_chan = FiniteSampleChannel(target.to("cpu", torch.float64).sufficient_statistic())
+        donor_chan = FiniteSampleChannel(donor.to("cpu", torch.float64).sufficient_statistic())
+        donor_nodes = run_greedy(tree, donor_chan, n_layers, tau2).nodes
+        clean = run_greedy(tree, target_chan, n_layers, tau2).theta_hat
+        patched = [
+            run_greedy(tree, target_chan, n_layers, tau2, forced={l: donor_nodes[:, l - 1]}).theta_hat
+            for l in range(1, n_layers + 1)
+        ]
+        return clean, patched, target.theta.double(), donor.theta.double()
+
+    return _run_sweep(tree, n_layers, n_ctx, noise_std, contexts, seed, chunk, run_pair)
 
 
 # ----------------------------------------------------------------------------------------
