@@ -48,6 +48,8 @@ __all__ = [
     "ProbeResult",
     "probe_workspace",
     "level_overlap",
+    "LevelEffect",
+    "patch_level_effect",
     "fit_linear_probe",
     "fit_mlp_probe",
     "probe_accuracy",
@@ -382,6 +384,76 @@ def transplant_workspace(
         donor_overlap=torch.stack([torch.cat(rows).mean(0) for rows in donor_ov]),
         baseline_overlap=torch.cat(base_ov).mean(0),
         split_level=split_level,
+        n_contexts=contexts,
+    )
+
+
+@dataclass
+class LevelEffect:
+    """What one key patch (split level ``m``, layer ``l``) does to each level of the prediction.
+
+    Attributes:
+        target: ``(K,)``, mean :func:`level_overlap` of the patched prediction with the
+            target's path at each tree level ``k`` (1 = the target's coefficient is recovered).
+        donor: ``(K,)``, the same with the donor's path.
+        baseline: ``(K,)``, the unpatched prediction's overlap with the target.
+        split_level, layer: the patch (``m = 1..K``, ``l = 1..L``).
+        n_contexts: donor/target pairs averaged over.
+    """
+
+    target: torch.Tensor
+    donor: torch.Tensor
+    baseline: torch.Tensor
+    split_level: int
+    layer: int
+    n_contexts: int
+
+
+@torch.no_grad()
+def patch_level_effect(
+    tree: TreePrior,
+    split_level: int,
+    layer: int,
+    n_ctx: int,
+    noise_std: float,
+    *,
+    model: FVTransformer | None = None,
+    n_layers: int | None = None,
+    contexts: int = 500,
+    seed: int = 0,
+) -> LevelEffect:
+    """Key-patch layer ``layer`` with donors that split off at ``split_level`` and score the
+    prediction level by level (one cell of the sweep, resolved by tree level).
+
+    With ``model`` the trained model is patched (as in :func:`key_patching_sweep`); without it
+    the greedy theory policy of depth ``n_layers`` (as in :func:`theory_patching_sweep`).
+    ``contexts`` pairs drawn with ``seed``.
+    """
+    _check_tree(tree)
+    _check_count("contexts", contexts)
+    depth = model.config.n_layers if model is not None else _check_count("n_layers", n_layers)
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 1 <= layer <= depth:
+        raise ValueError(f"layer must be an integer in [1, {depth}], got {layer!r}")
+    target, donor = patching_pairs(tree, contexts, split_level, n_ctx, noise_std, make_generator(seed))
+    if model is not None:
+        device = _model_device(model)
+        target, donor = target.to(device), donor.to(device)
+        _, cache = model.run_with_cache(donor, names_filter=f"blocks.{layer}.hook_keys")
+        clean = model.predict_theta(target)
+        patched = patch_keys(model, target, cache[f"blocks.{layer}.hook_keys"], layer)
+    else:
+        tau2 = channel_tau2(tree, n_ctx, noise_std)
+        target_chan = FiniteSampleChannel(target.to("cpu", torch.float64).sufficient_statistic())
+        donor_chan = FiniteSampleChannel(donor.to("cpu", torch.float64).sufficient_statistic())
+        donor_nodes = run_greedy(tree, donor_chan, depth, tau2).nodes
+        clean = run_greedy(tree, target_chan, depth, tau2).theta_hat
+        patched = run_greedy(tree, target_chan, depth, tau2, forced={layer: donor_nodes[:, layer - 1]}).theta_hat
+    return LevelEffect(
+        target=level_overlap(tree, patched, target.signs).mean(0),
+        donor=level_overlap(tree, patched, donor.signs).mean(0),
+        baseline=level_overlap(tree, clean, target.signs).mean(0),
+        split_level=split_level,
+        layer=layer,
         n_contexts=contexts,
     )
 

@@ -1,0 +1,598 @@
+"""Interactive explorers (ipywidgets) for readers who want to turn the knobs.
+
+Each explorer is a function with defaults that returns an :class:`Explorer`: an ipywidgets
+``VBox`` with controls on top and the figure below. Changing a control redraws the figure
+(as a PNG in a ``widgets.Image``) and updates ``summary`` -- the numbers the figure shows --
+so tests and notebooks can check what an explorer displays without a browser.
+
+* :func:`prior_explorer` -- tree depth ``K`` and decay ``alpha``: the tree, a sampled
+  ``theta`` and a draw from its Gaussian twin (same second moments, no hierarchy).
+* :func:`strategy_explorer` -- budget, ``alpha``, context length ``N`` and label noise:
+  Monte Carlo theory curves of the adaptive greedy, non-adaptive and LMMSE strategies.
+* :func:`training_explorer` -- model A/B/C, prior and steps: trains (in a background thread,
+  with a tqdm progress bar) and plots the evaluation loss against the matching theory
+  baseline; *Stop* checkpoints the run and *Train* resumes it.
+* :func:`patching_explorer` -- split level ``m`` and layer ``l``: the key-patching heatmap,
+  its row ``m``, and what patching cell ``(m, l)`` does to each level of the prediction.
+
+Static pages (the rendered book) cannot run Python, so every explorer also carries an HTML
+fallback (``text/html`` in its display bundle): the figure at the current settings, the
+settings themselves and a note that the controls are live in Jupyter or Colab. The book's
+``_config.yml`` tells myst-nb to render that fallback instead of the widget, so a reader of
+the HTML never meets a control that does nothing.
+
+Figures are drawn on ``matplotlib.figure.Figure`` objects (no pyplot state), which keeps
+redraws from background threads safe and leaves the notebook's own figures alone.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import threading
+from collections.abc import Callable, Mapping
+
+import ipywidgets as widgets
+import numpy as np
+from matplotlib.figure import Figure
+from tqdm.notebook import tqdm as notebook_tqdm
+
+from .patching import PatchingResult, key_patching_sweep, patch_level_effect, theory_patching_sweep
+from .plots.decay import decay_sweep, plot_decay
+from .plots.experiments import MODEL_COLORS
+from .plots.interventions import patching_ratio, plot_patching_heatmap
+from .plots.trees import OKABE_ITO, draw_tree_prior
+from .priors import GaussianPrior, TreePrior
+from .task import make_generator
+from .train import RunDirError, TrainConfig, load_run, run_dir_for, theory_reference, train
+
+__all__ = [
+    "Explorer",
+    "TrainingExplorer",
+    "LIVE_NOTE",
+    "prior_explorer",
+    "strategy_explorer",
+    "training_explorer",
+    "patching_explorer",
+]
+
+#: The note under every explorer in the static HTML.
+LIVE_NOTE = (
+    "This explorer is live in Jupyter or Colab (use the Colab button at the top of the page); "
+    "this page shows it at the settings listed above."
+)
+
+#: Draw function of an explorer: control values -> (figure, summary numbers, one-line caption).
+DrawFn = Callable[..., tuple[Figure, dict, str]]
+
+
+def figure_png(figure: Figure, dpi: int = 96) -> bytes:
+    """The figure as PNG bytes (tight bounding box)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+    return buffer.getvalue()
+
+
+def _describe(value) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+class Explorer(widgets.VBox):
+    """Controls above a figure; every change of a control redraws the figure.
+
+    Args:
+        title: one line shown above the controls.
+        controls: ``{name: widget}``; each widget's ``value`` is passed to ``draw`` as the
+            keyword ``name``.
+        draw: ``draw(**values) -> (Figure, summary, caption)``.
+        buttons: extra widgets shown next to the controls (e.g. Train / Stop).
+
+    Attributes:
+        controls: the control widgets by name.
+        image: ``widgets.Image`` with the current figure (PNG).
+        caption: ``widgets.HTML`` with the caption of the current figure.
+        summary: the numbers behind the current figure (a dict; keys depend on the explorer).
+        updates: how many times the figure has been drawn.
+    """
+
+    def __init__(self, title: str, controls: Mapping[str, widgets.Widget], draw: DrawFn, buttons=()):
+        self.title = title
+        self.controls = dict(controls)
+        self.image = widgets.Image(format="png", layout=widgets.Layout(max_width="100%"))
+        self.caption = widgets.HTML()
+        self.summary: dict = {}
+        self.updates = 0
+        self._draw = draw
+        row = widgets.HBox(list(self.controls.values()) + list(buttons), layout=widgets.Layout(flex_flow="row wrap"))
+        super().__init__([widgets.HTML(f"<b>{html.escape(title)}</b>"), row, self.image, self.caption])
+        for control in self.controls.values():
+            control.observe(self._on_change, names="value")
+        self.refresh()
+
+    def values(self) -> dict:
+        """The current control values, ``{name: value}``."""
+        return {name: control.value for name, control in self.controls.items()}
+
+    def refresh(self) -> None:
+        """Redraw the figure at the current control values."""
+        self.show(*self._draw(**self.values()))
+
+    def show(self, figure: Figure, summary: dict, caption: str) -> None:
+        """Display a drawn figure with its summary and caption."""
+        self.image.value = figure_png(figure)
+        self.summary = dict(summary)
+        self.caption.value = html.escape(caption)
+        self.updates += 1
+
+    def _on_change(self, change) -> None:
+        self.refresh()
+
+    def static_html(self) -> str:
+        """The HTML fallback: settings, current figure, caption and :data:`LIVE_NOTE`."""
+        settings = ", ".join(f"{name} = {_describe(value)}" for name, value in self.values().items())
+        png = base64.b64encode(self.image.value).decode("ascii")
+        return (
+            '<div class="fvlib-explorer">'
+            f"<p><strong>{html.escape(self.title)}</strong> (settings: {html.escape(settings)})</p>"
+            f'<img src="data:image/png;base64,{png}" alt="{html.escape(self.title)}" style="max-width:100%"/>'
+            f"<p>{self.caption.value}</p>"
+            f'<p class="fvlib-explorer-note"><em>{html.escape(LIVE_NOTE)}</em></p>'
+            "</div>"
+        )
+
+    def _repr_mimebundle_(self, **kwargs):
+        bundle = super()._repr_mimebundle_(**kwargs)
+        bundle["text/html"] = self.static_html()
+        return bundle
+
+
+def _slider(kind, value, low, high, step, description: str, readout_format: str | None = None):
+    """A continuous-update-off slider (one redraw per release, not per pixel)."""
+    options = {"value": value, "min": low, "max": high, "step": step, "description": description,
+               "continuous_update": False, "style": {"description_width": "initial"}}
+    if readout_format is not None:
+        options["readout_format"] = readout_format
+    return kind(**options)
+
+
+def _check_in(name: str, value, options) -> None:
+    if value not in options:
+        raise ValueError(f"{name} must be one of {list(options)}, got {value!r}")
+
+
+def _check_range(name: str, value, low, high, integer: bool = False) -> None:
+    bad_type = isinstance(value, bool) or not isinstance(value, int if integer else (int, float))
+    if bad_type or not low <= value <= high:
+        kind = "an integer" if integer else "a number"
+        raise ValueError(f"{name} must be {kind} in [{low}, {high}], got {value!r}")
+
+
+# ----------------------------------------------------------------------------------------
+# Prior explorer
+# ----------------------------------------------------------------------------------------
+def _draw_prior(depth: int, alpha: float, seed: int) -> tuple[Figure, dict, str]:
+    tree = TreePrior(depth, alpha)
+    twin = GaussianPrior.twin_of(tree)
+    generator = make_generator(seed)
+    signs = tree.sample_signs(1, generator)[0]
+    theta = tree.theta_from_signs(signs)
+    twin_theta = twin.sample(1, generator)[0]
+    figure = Figure(figsize=(11.5, 3.6))
+    ax_tree, ax_theta = figure.subplots(1, 2, gridspec_kw={"width_ratios": [1.1, 1.4]})
+    draw_tree_prior(tree, signs, ax=ax_tree, show_values=depth <= 4)
+    ax_tree.set_title(f"tree prior, K = {depth}, alpha = {alpha:.2f}: one path per context", fontsize=10)
+    index = np.arange(tree.dim)
+    ax_theta.bar(index - 0.2, theta.numpy(), width=0.4, color=OKABE_ITO["vermillion"], label=r"tree sample $\theta$")
+    ax_theta.bar(index + 0.2, twin_theta.numpy(), width=0.4, color=OKABE_ITO["blue"], label="Gaussian twin sample")
+    for level in range(1, depth):
+        ax_theta.axvline(2**level - 1.5, color="0.8", lw=0.8)
+    ax_theta.axhline(0, color="k", lw=0.6)
+    ax_theta.set_xlabel("coordinate n (heap order; grey lines separate levels)")
+    ax_theta.set_ylabel(r"$\theta_n$")
+    ax_theta.legend(fontsize=8, frameon=False)
+    ax_theta.set_title("same second moments, different structure", fontsize=10)
+    figure.tight_layout()
+    summary = {
+        "depth": depth,
+        "alpha": alpha,
+        "dim": tree.dim,
+        "energy": tree.energy,
+        "signs": signs.tolist(),
+        "theta": theta.tolist(),
+        "twin_theta": twin_theta.tolist(),
+        "nonzero": int((theta != 0).sum()),
+    }
+    caption = (
+        f"D = {tree.dim} coordinates, E|theta|^2 = {tree.energy:.3f} for both priors. The tree sample has "
+        f"one non-zero coordinate per level ({summary['nonzero']} of {tree.dim}); the twin spreads the "
+        f"same energy over all of them. Sample seed {seed}."
+    )
+    return figure, summary, caption
+
+
+def prior_explorer(depth: int = 4, alpha: float = 0.5, seed: int = 0) -> Explorer:
+    """Tree depth ``K`` (2..7) and decay ``alpha`` (0.05..1): the tree with a sampled path, the
+    sampled ``theta (D,)`` and a draw from the Gaussian twin; ``seed`` picks the draws.
+
+    ``summary`` holds ``depth``, ``alpha``, ``dim``, ``energy``, ``signs``, ``theta``,
+    ``twin_theta`` and ``nonzero`` (non-zero coordinates of the tree sample, always ``K``).
+    """
+    _check_range("depth", depth, 2, 7, integer=True)
+    _check_range("alpha", alpha, 0.05, 1.0)
+    _check_range("seed", seed, 0, 10_000, integer=True)
+    controls = {
+        "depth": _slider(widgets.IntSlider, depth, 2, 7, 1, "depth K"),
+        "alpha": _slider(widgets.FloatSlider, alpha, 0.05, 1.0, 0.05, "alpha", ".2f"),
+        "seed": _slider(widgets.IntSlider, seed, 0, 50, 1, "sample seed"),
+    }
+    return Explorer("Prior explorer: the tree and its Gaussian twin", controls, _draw_prior)
+
+
+# ----------------------------------------------------------------------------------------
+# Strategy explorer
+# ----------------------------------------------------------------------------------------
+STRATEGY_LABELS = {
+    "adaptive_greedy": "adaptive (greedy, exact posterior)",
+    "nonadaptive_coord": "non-adaptive (top-M coordinates)",
+    "lmmse": "LMMSE (best linear estimator)",
+}
+STRATEGY_COLORS = {"adaptive_greedy": MODEL_COLORS["A"], "nonadaptive_coord": MODEL_COLORS["B"], "lmmse": MODEL_COLORS["C"]}
+
+
+def _strategy_drawer(depth: int, samples: int, seed: int) -> DrawFn:
+    def draw(budget: int, alpha: float, n_ctx: int, noise_std: float) -> tuple[Figure, dict, str]:
+        tree = TreePrior(depth, alpha)
+        budgets = np.arange(1, min(budget, tree.dim) + 1)
+        sweep = decay_sweep(tree, n_ctx, noise_std, budgets, samples=samples, seed=seed, strategies=tuple(STRATEGY_LABELS))
+        figure = Figure(figsize=(7.5, 4.0))
+        ax = figure.subplots()
+        for name, label in STRATEGY_LABELS.items():
+            plot_decay(ax, budgets, sweep.mean[name], yerr=sweep.stderr[name], label=label, color=STRATEGY_COLORS[name])
+        ax.set_yscale("log")
+        ax.set_xlabel("budget M (= layers L for the adaptive strategy)")
+        ax.set_ylabel(r"excess loss $\mathbb{E}\|\hat\theta-\theta\|^2$")
+        ax.set_title(f"K = {depth}, alpha = {alpha:.2f}, N = {n_ctx}, sigma = {noise_std:.2f} "
+                     f"(tau^2 = {sweep.tau2:.3g}); error bars 2 s.e.", fontsize=9)
+        ax.legend(fontsize=8, frameon=False)
+        figure.tight_layout()
+        final = {name: float(sweep.mean[name][-1]) for name in STRATEGY_LABELS}
+        summary = {"budgets": budgets.tolist(), "tau2": sweep.tau2, "samples": samples,
+                   "mean": {k: v.tolist() for k, v in sweep.mean.items()},
+                   "stderr": {k: v.tolist() for k, v in sweep.stderr.items()}, "final": final}
+        m = int(budgets[-1])
+        caption = (f"At M = {m}: adaptive {final['adaptive_greedy']:.4f}, non-adaptive "
+                   f"{final['nonadaptive_coord']:.4f}, LMMSE {final['lmmse']:.4f}. "
+                   f"{samples} Monte Carlo contexts per point (seed {seed}, the same contexts at every budget).")
+        return figure, summary, caption
+
+    return draw
+
+
+N_CTX_OPTIONS = (16, 32, 64, 128, 256, 512, 1024, 2048)
+
+
+def strategy_explorer(
+    depth: int = 6,
+    budget: int = 6,
+    alpha: float = 0.5,
+    n_ctx: int = 128,
+    noise_std: float = 0.0,
+    samples: int = 1000,
+    seed: int = 0,
+) -> Explorer:
+    """Budget ``M`` (1..D, curves for every budget up to it), ``alpha``, context length ``N`` and
+    label noise ``sigma``: Monte Carlo excess losses of the adaptive greedy, non-adaptive and
+    LMMSE strategies on a depth-``depth`` tree (``samples`` contexts per point, finite-``N``
+    statistics, ``seed``).
+
+    ``summary`` holds ``budgets``, ``tau2``, ``samples``, ``mean`` and ``stderr`` (per strategy,
+    one entry per budget) and ``final`` (the three losses at the largest budget).
+    """
+    _check_range("depth", depth, 2, 8, integer=True)
+    dim = 2**depth - 1
+    _check_range("budget", budget, 1, dim, integer=True)
+    _check_range("alpha", alpha, 0.05, 1.0)
+    _check_in("n_ctx", n_ctx, N_CTX_OPTIONS)
+    _check_range("noise_std", noise_std, 0.0, 2.0)
+    _check_range("samples", samples, 2, 100_000, integer=True)
+    controls = {
+        "budget": _slider(widgets.IntSlider, budget, 1, min(dim, 12), 1, "budget M"),
+        "alpha": _slider(widgets.FloatSlider, alpha, 0.05, 1.0, 0.05, "alpha", ".2f"),
+        "n_ctx": widgets.SelectionSlider(options=N_CTX_OPTIONS, value=n_ctx, description="context N",
+                                         continuous_update=False),
+        "noise_std": _slider(widgets.FloatSlider, noise_std, 0.0, 2.0, 0.1, "noise sigma", ".1f"),
+    }
+    return Explorer("Strategy explorer: adaptive versus non-adaptive inference",
+                    controls, _strategy_drawer(depth, samples, seed))
+
+
+# ----------------------------------------------------------------------------------------
+# Training explorer
+# ----------------------------------------------------------------------------------------
+def _training_figure(config: TrainConfig, history: list[dict], reference: dict, status: str) -> Figure:
+    figure = Figure(figsize=(7.0, 3.8))
+    ax = figure.subplots()
+    color = MODEL_COLORS[config.model]
+    if history:
+        steps = [h["step"] for h in history]
+        loss = np.array([h["eval_excess_loss"] for h in history])
+        err = 2 * np.array([h["eval_stderr"] for h in history])
+        ax.fill_between(steps, np.maximum(loss - err, 1e-6), loss + err, color=color, alpha=0.2, lw=0)
+        ax.plot(steps, loss, "o-", ms=3, color=color, label=f"model {config.model} (evaluation set)")
+    ax.axhline(reference["value"], ls="--", color="k", lw=1, label=f"theory: {reference['name']}")
+    ax.set_xlim(0, config.steps)
+    ax.set_yscale("log")
+    ax.set_xlabel("training step")
+    ax.set_ylabel(r"excess loss $\mathbb{E}\|\hat\theta-\theta\|^2$")
+    ax.set_title(f"model {config.model}, {config.prior} prior, K = {config.depth}, M = {config.budget}: {status}",
+                 fontsize=9)
+    ax.legend(fontsize=8, frameon=False)
+    figure.tight_layout()
+    return figure
+
+
+class TrainingExplorer(Explorer):
+    """The training explorer: an :class:`Explorer` with *Train* and *Stop* buttons.
+
+    Runs are kept in ``run_dir_for(config, run_root)``; a run that exists (e.g. trained by a
+    chapter) is shown at once, *Stop* checkpoints the run and *Train* resumes it.
+
+    Attributes:
+        progress: the tqdm (notebook) bar of the current run.
+        result: the last :class:`fvlib.train.TrainResult`, or ``None``.
+    """
+
+    def __init__(self, base: TrainConfig, model: str, prior: str, steps: int, run_root, reference_samples: int):
+        self.base, self.run_root, self.reference_samples = base, run_root, reference_samples
+        self._references: dict = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.result = None
+        self.progress = notebook_tqdm(total=steps, display=False, desc="steps", leave=True)
+        self.train_button = widgets.Button(description="Train", button_style="success", icon="play")
+        self.stop_button = widgets.Button(description="Stop", button_style="warning", icon="stop", disabled=True)
+        self.train_button.on_click(lambda _: self.start())
+        self.stop_button.on_click(lambda _: self.stop())
+        controls = {
+            "model": widgets.Dropdown(options=["A", "B", "C"], value=model, description="model"),
+            "prior": widgets.Dropdown(options=["tree", "gaussian-twin", "gaussian"], value=prior, description="prior"),
+            "steps": _slider(widgets.IntSlider, steps, 100, 5000, 100, "steps"),
+        }
+        super().__init__("Training explorer: a model against its theory baseline", controls, self._draw_current,
+                         buttons=(self.train_button, self.stop_button))
+        self.children = (*self.children, self.progress.container)
+
+    # -- configuration ---------------------------------------------------------------------
+    def config(self) -> TrainConfig:
+        """The :class:`~fvlib.train.TrainConfig` at the current control values."""
+        values = self.values()
+        data = self.base.to_dict() | {"model": values["model"], "prior": values["prior"], "steps": values["steps"]}
+        data["eval_every"] = max(values["steps"] // 20, 1)
+        data["checkpoint_every"] = data["eval_every"]
+        return TrainConfig.from_dict(data)
+
+    def run_dir(self):
+        return run_dir_for(self.config(), self.run_root)
+
+    def reference(self, config: TrainConfig) -> dict:
+        key = (config.model, config.prior)
+        if key not in self._references:
+            self._references[key] = theory_reference(config, samples=self.reference_samples)
+        return self._references[key]
+
+    def saved_history(self) -> list[dict]:
+        """History of the run at the current settings if it has been (partly) trained, else ``[]``."""
+        try:
+            return load_run(self.run_dir())[2]
+        except (RunDirError, FileNotFoundError):
+            return []
+
+    # -- drawing -------------------------------------------------------------------------
+    def _draw_current(self, model: str, prior: str, steps: int, history: list[dict] | None = None,
+                      status: str | None = None):
+        config = self.config()
+        history = self.saved_history() if history is None else history
+        reference = self.reference(config)
+        if status is None:
+            last = history[-1]["step"] if history else 0
+            status = "not trained yet: press Train" if not history else f"trained {last} of {steps} steps"
+        final = history[-1]["eval_excess_loss"] if history else None
+        summary = {"config": config.to_dict(), "steps_done": history[-1]["step"] if history else 0,
+                   "final_loss": final, "theory": reference["value"], "theory_name": reference["name"],
+                   "history": history, "status": status}
+        if final is None:
+            caption = f"Theory baseline {reference['name']} = {reference['value']:.4f}. {status}."
+        else:
+            caption = (f"Step {summary['steps_done']}: excess loss {final:.4f} on {config.eval_contexts} held-out "
+                       f"contexts; theory baseline {reference['name']} = {reference['value']:.4f} "
+                       f"({reference['samples']} contexts). Runs are saved in {self.run_dir()}.")
+        return _training_figure(config, history, reference, status), summary, caption
+
+    # -- training ------------------------------------------------------------------------
+    def start(self, blocking: bool = False) -> None:
+        """Train (or resume) the run at the current settings; in a background thread unless
+        ``blocking``. Does nothing while a run is in progress."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._set_running(True)
+        if blocking:
+            self._train()
+        else:
+            self._thread = threading.Thread(target=self._train, daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the run to stop at its next evaluation (it is checkpointed; *Train* resumes it)."""
+        self._stop.set()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the background run (if any) has finished."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _set_running(self, running: bool) -> None:
+        self.train_button.disabled = running
+        self.stop_button.disabled = not running
+        for control in self.controls.values():
+            control.disabled = running
+
+    def _train(self) -> None:
+        config = self.config()
+        self.progress.reset(total=config.steps)
+        history: list[dict] = []
+
+        def on_eval(entry: dict) -> bool:
+            history.append(entry)
+            self.progress.n = entry["step"]
+            self.progress.set_postfix(excess=f"{entry['eval_excess_loss']:.4f}", refresh=True)
+            self.show(*self._draw_current(**self.values(), history=list(history), status="training"))
+            return self._stop.is_set()
+
+        try:
+            self.result = train(config, out_dir=self.run_dir(), progress=False, callback=on_eval)
+        finally:
+            self._set_running(False)
+        stopped = self.result.history[-1]["step"] < config.steps
+        status = "stopped: press Train to resume" if stopped else "finished"
+        self.show(*self._draw_current(**self.values(), history=self.result.history, status=status))
+
+
+def training_explorer(
+    model: str = "A",
+    prior: str = "tree",
+    steps: int = 600,
+    *,
+    depth: int = 4,
+    budget: int = 4,
+    n_ctx: int = 128,
+    noise_std: float = 0.0,
+    run_root=None,
+    reference_samples: int = 2000,
+    **config,
+) -> TrainingExplorer:
+    """Model A/B/C, prior (``tree``, ``gaussian-twin``, ``gaussian``) and steps: press *Train* to
+    train with a progress bar; the figure shows the evaluation loss against the matching theory
+    baseline (:func:`fvlib.train.theory_reference`, ``reference_samples`` contexts).
+
+    The other settings (``depth``, ``budget``, ``n_ctx``, ``noise_std`` and any other
+    :class:`~fvlib.train.TrainConfig` field in ``config``; ``eval_contexts`` defaults to 512
+    here) are fixed when the explorer is made; it evaluates 20 times per run, which sets
+    ``eval_every`` and ``checkpoint_every``;
+    the defaults train model A in about 20 s on one CPU core. Runs are saved under
+    ``run_root`` (default: as :func:`fvlib.train.run_dir_for`), so a run a chapter trained is
+    shown without retraining. ``summary`` holds ``config``, ``steps_done``, ``final_loss``,
+    ``theory``, ``theory_name``, ``history`` and ``status``.
+    """
+    base = TrainConfig.from_dict({"model": model, "prior": prior, "steps": steps, "depth": depth, "budget": budget,
+                                  "n_ctx": n_ctx, "noise_std": noise_std, "eval_contexts": 512, **config})
+    _check_range("steps", steps, 100, 5000, integer=True)
+    _check_range("reference_samples", reference_samples, 2, 100_000, integer=True)
+    return TrainingExplorer(base, model, prior, steps, run_root, reference_samples)
+
+
+# ----------------------------------------------------------------------------------------
+# Patching explorer
+# ----------------------------------------------------------------------------------------
+def _patching_drawer(tree: TreePrior, n_ctx: int, noise_std: float, n_layers: int, model, sweeps: dict,
+                     contexts: int, seed: int) -> DrawFn:
+    effects: dict = {}
+    source = "trained model" if model is not None else "greedy theory policy"
+
+    def draw(split_level: int, layer: int) -> tuple[Figure, dict, str]:
+        key = (split_level, layer)
+        if key not in effects:
+            effects[key] = patch_level_effect(tree, split_level, layer, n_ctx, noise_std, model=model,
+                                              n_layers=n_layers, contexts=contexts, seed=seed)
+        effect = effects[key]
+        main = sweeps["model"] if model is not None else sweeps["theory"]
+        figure = Figure(figsize=(12.5, 3.7))
+        ax_map, ax_row, ax_level = figure.subplots(1, 3, gridspec_kw={"width_ratios": [1.0, 1.1, 1.1]})
+        plot_patching_heatmap(main, ax=ax_map, title=f"{source}: loss ratio", colorbar=False)
+        ax_map.add_patch(_cell_outline(split_level, layer))
+        layers = np.arange(1, n_layers + 1)
+        for name, result in sweeps.items():
+            ratio = patching_ratio(result)[split_level - 1]
+            style = {"model": ("o-", MODEL_COLORS["A"], "trained model"), "theory": ("s--", "k", "greedy theory")}[name]
+            ax_row.plot(layers, ratio, style[0], color=style[1], label=style[2], ms=4)
+        ax_row.axvline(layer, color=OKABE_ITO["vermillion"], lw=1)
+        ax_row.axvspan(split_level + 0.5, n_layers + 0.5, color="0.92", zorder=0)
+        ax_row.set_yscale("log")
+        ax_row.set_xticks(layers)
+        ax_row.set_xlabel("patched layer l (shaded: l > m)")
+        ax_row.set_ylabel("patched / unpatched loss")
+        ax_row.set_title(f"row m = {split_level} of the heatmap", fontsize=10)
+        ax_row.legend(fontsize=8, frameon=False)
+        levels = np.arange(tree.depth)
+        ax_level.bar(levels - 0.2, effect.target.numpy(), 0.4, color=OKABE_ITO["green"], label="target's path")
+        ax_level.bar(levels + 0.2, effect.donor.numpy(), 0.4, color=OKABE_ITO["orange"], label="donor's path")
+        ax_level.plot(levels, effect.baseline.numpy(), "k_", ms=18, mew=2, label="unpatched (target)")
+        ax_level.axhline(0, color="k", lw=0.6)
+        ax_level.set_xticks(levels)
+        ax_level.set_ylim(-1.15, 1.15)
+        ax_level.set_xlabel("tree level k")
+        ax_level.set_ylabel("overlap of the prediction")
+        ax_level.set_title(f"patch (m = {split_level}, l = {layer}), level by level", fontsize=10)
+        ax_level.legend(fontsize=7, frameon=False, loc="lower left")
+        figure.tight_layout()
+        row = patching_ratio(main)[split_level - 1]
+        summary = {"split_level": split_level, "layer": layer, "ratio": float(row[layer - 1]),
+                   "row": row.tolist(), "target_overlap": effect.target.tolist(),
+                   "donor_overlap": effect.donor.tolist(), "contexts": contexts}
+        caption = (f"{source}: patching layer {layer} with donors that split at level {split_level} multiplies "
+                   f"the loss by {row[layer - 1]:.2f}. {contexts} donor/target pairs per cell (seed {seed}).")
+        return figure, summary, caption
+
+    return draw
+
+
+def _cell_outline(split_level: int, layer: int):
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((layer - 1.45, split_level - 1.45), 0.9, 0.9, fill=False, ec="k", lw=2.5)
+
+
+def patching_explorer(
+    tree: TreePrior | None = None,
+    n_layers: int | None = None,
+    *,
+    model=None,
+    n_ctx: int = 128,
+    noise_std: float = 0.0,
+    split_level: int = 1,
+    layer: int = 2,
+    contexts: int = 500,
+    seed: int = 0,
+    sweep: PatchingResult | None = None,
+) -> Explorer:
+    """Split level ``m`` and layer ``l``: the key-patching heatmap (``(m, l)`` outlined), its
+    row ``m`` for the model and the greedy theory policy, and the per-level effect of the patch
+    (:func:`fvlib.patching.patch_level_effect`).
+
+    Without ``model`` the greedy theory policy of depth ``n_layers`` (default ``K``) on a
+    depth-4 tree is patched; with a trained ``model`` its keys are patched and the theory
+    policy of the same depth is shown beside it. ``sweep`` reuses a model sweep already
+    computed (same ``tree``, ``n_ctx``, ``noise_std``); otherwise sweeps use ``contexts``
+    pairs per split level. ``summary`` holds ``split_level``, ``layer``, ``ratio`` (of the
+    shown cell), ``row``, ``target_overlap`` and ``donor_overlap`` (``(K,)`` lists).
+    """
+    tree = TreePrior(4, 0.5) if tree is None else tree
+    if not isinstance(tree, TreePrior):
+        raise ValueError(f"tree must be a TreePrior, got {tree!r}")
+    n_layers = model.config.n_layers if model is not None else (tree.depth if n_layers is None else n_layers)
+    _check_range("n_layers", n_layers, 1, 64, integer=True)
+    _check_range("split_level", split_level, 1, tree.depth, integer=True)
+    _check_range("layer", layer, 1, n_layers, integer=True)
+    _check_range("contexts", contexts, 2, 100_000, integer=True)
+    sweeps = {}
+    if model is not None:
+        sweeps["model"] = sweep if sweep is not None else key_patching_sweep(
+            model, tree, n_ctx, noise_std, contexts=contexts, seed=seed)
+    sweeps["theory"] = theory_patching_sweep(tree, n_ctx, noise_std, n_layers, contexts=contexts, seed=seed)
+    controls = {
+        "split_level": _slider(widgets.IntSlider, split_level, 1, tree.depth, 1, "split level m"),
+        "layer": _slider(widgets.IntSlider, layer, 1, n_layers, 1, "patched layer l"),
+    }
+    draw = _patching_drawer(tree, n_ctx, noise_std, n_layers, model, sweeps, contexts, seed)
+    return Explorer("Patching explorer: where routing happens", controls, draw)
