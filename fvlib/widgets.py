@@ -343,8 +343,10 @@ class TrainingExplorer(Explorer):
         result: the last :class:`fvlib.train.TrainResult`, or ``None``.
     """
 
-    def __init__(self, base: TrainConfig, model: str, prior: str, steps: int, run_root, reference_samples: int):
+    def __init__(self, base: TrainConfig, run_root, reference_samples: int, fixed_eval: bool = False):
         self.base, self.run_root, self.reference_samples = base, run_root, reference_samples
+        self.fixed_eval = fixed_eval
+        model, prior, steps = base.model, base.prior, base.steps
         self._references: dict = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -368,8 +370,8 @@ class TrainingExplorer(Explorer):
         """The :class:`~fvlib.train.TrainConfig` at the current control values."""
         values = self.values()
         data = self.base.to_dict() | {"model": values["model"], "prior": values["prior"], "steps": values["steps"]}
-        data["eval_every"] = max(values["steps"] // 20, 1)
-        data["checkpoint_every"] = data["eval_every"]
+        if not self.fixed_eval:
+            data["eval_every"] = data["checkpoint_every"] = max(values["steps"] // 20, 1)
         return TrainConfig.from_dict(data)
 
     def run_dir(self):
@@ -464,6 +466,7 @@ def training_explorer(
     prior: str = "tree",
     steps: int = 600,
     *,
+    base: TrainConfig | None = None,
     depth: int = 4,
     budget: int = 4,
     n_ctx: int = 128,
@@ -476,20 +479,29 @@ def training_explorer(
     train with a progress bar; the figure shows the evaluation loss against the matching theory
     baseline (:func:`fvlib.train.theory_reference`, ``reference_samples`` contexts).
 
-    The other settings (``depth``, ``budget``, ``n_ctx``, ``noise_std`` and any other
-    :class:`~fvlib.train.TrainConfig` field in ``config``; ``eval_contexts`` defaults to 512
-    here) are fixed when the explorer is made; it evaluates 20 times per run, which sets
-    ``eval_every`` and ``checkpoint_every``;
-    the defaults train model A in about 20 s on one CPU core. Runs are saved under
-    ``run_root`` (default: as :func:`fvlib.train.run_dir_for`), so a run a chapter trained is
-    shown without retraining. ``summary`` holds ``config``, ``steps_done``, ``final_loss``,
-    ``theory``, ``theory_name``, ``history`` and ``status``.
+    The other settings are fixed when the explorer is made: either all of them from ``base``
+    (a :class:`~fvlib.train.TrainConfig`, e.g. one of the book's shared runs; ``model``,
+    ``prior`` and ``steps`` then start at its values and it keeps its ``eval_every``), or
+    ``depth``, ``budget``, ``n_ctx``, ``noise_std`` and any other ``TrainConfig`` field in
+    ``config`` (``eval_contexts`` defaults to 512 here, and unless ``eval_every`` is given the
+    run is evaluated 20 times). The defaults train model A in about 30 s on one CPU core.
+    Runs are saved under ``run_root`` (default: as :func:`fvlib.train.run_dir_for`), so a run
+    a chapter trained is shown without retraining. ``summary`` holds ``config``,
+    ``steps_done``, ``final_loss``, ``theory``, ``theory_name``, ``history`` and ``status``.
     """
-    base = TrainConfig.from_dict({"model": model, "prior": prior, "steps": steps, "depth": depth, "budget": budget,
-                                  "n_ctx": n_ctx, "noise_std": noise_std, "eval_contexts": 512, **config})
+    if base is not None:
+        if not isinstance(base, TrainConfig):
+            raise ValueError(f"base must be a TrainConfig, got {base!r}")
+        model, prior, steps, fixed_eval = base.model, base.prior, base.steps, True
+    else:
+        _check_range("steps", steps, 100, 5000, integer=True)
+        base = TrainConfig.from_dict({"model": model, "prior": prior, "steps": steps, "depth": depth,
+                                      "budget": budget, "n_ctx": n_ctx, "noise_std": noise_std,
+                                      "eval_contexts": 512, **config})
+        fixed_eval = "eval_every" in config
     _check_range("steps", steps, 100, 5000, integer=True)
     _check_range("reference_samples", reference_samples, 2, 100_000, integer=True)
-    return TrainingExplorer(base, model, prior, steps, run_root, reference_samples)
+    return TrainingExplorer(base, run_root, reference_samples, fixed_eval)
 
 
 # ----------------------------------------------------------------------------------------
@@ -565,6 +577,7 @@ def patching_explorer(
     contexts: int = 500,
     seed: int = 0,
     sweep: PatchingResult | None = None,
+    theory_sweep: PatchingResult | None = None,
 ) -> Explorer:
     """Split level ``m`` and layer ``l``: the key-patching heatmap (``(m, l)`` outlined), its
     row ``m`` for the model and the greedy theory policy, and the per-level effect of the patch
@@ -573,8 +586,8 @@ def patching_explorer(
     Without ``model`` the greedy theory policy of depth ``n_layers`` (default ``K``) on a
     depth-4 tree is patched; with a trained ``model`` its keys are patched and the theory
     policy of the same depth is shown beside it. ``sweep`` reuses a model sweep already
-    computed (same ``tree``, ``n_ctx``, ``noise_std``); otherwise sweeps use ``contexts``
-    pairs per split level. ``summary`` holds ``split_level``, ``layer``, ``ratio`` (of the
+    computed and ``theory_sweep`` a theory sweep (same ``tree``, ``n_ctx``, ``noise_std``,
+    depth); otherwise the sweeps use ``contexts`` pairs per split level. ``summary`` holds ``split_level``, ``layer``, ``ratio`` (of the
     shown cell), ``row``, ``target_overlap`` and ``donor_overlap`` (``(K,)`` lists).
     """
     tree = TreePrior(4, 0.5) if tree is None else tree
@@ -589,7 +602,8 @@ def patching_explorer(
     if model is not None:
         sweeps["model"] = sweep if sweep is not None else key_patching_sweep(
             model, tree, n_ctx, noise_std, contexts=contexts, seed=seed)
-    sweeps["theory"] = theory_patching_sweep(tree, n_ctx, noise_std, n_layers, contexts=contexts, seed=seed)
+    sweeps["theory"] = theory_sweep if theory_sweep is not None else theory_patching_sweep(
+        tree, n_ctx, noise_std, n_layers, contexts=contexts, seed=seed)
     controls = {
         "split_level": _slider(widgets.IntSlider, split_level, 1, tree.depth, 1, "split level m"),
         "layer": _slider(widgets.IntSlider, layer, 1, n_layers, 1, "patched layer l"),

@@ -143,3 +143,14 @@ def test_static_html_shows_the_figure_settings_and_live_note():
 def test_bad_settings_name_the_value(factory, kwargs, bad):
     with pytest.raises(ValueError, match=bad):
         factory(**kwargs)
+
+
+def test_training_explorer_shows_an_existing_run_of_a_base_config(tmp_path):
+    from fvlib.train import TrainConfig, run_dir_for, train
+
+    config = TrainConfig(model="C", depth=3, budget=3, n_ctx=32, steps=100, batch=32, queries=4, width=16,
+                         eval_every=50, eval_contexts=64, device="cpu")
+    train(config, out_dir=run_dir_for(config, tmp_path), progress=False)
+    explorer = widgets.training_explorer(base=config, run_root=tmp_path, reference_samples=200)
+    assert explorer.summary["steps_done"] == 100 and explorer.config() == config
+    assert [h["step"] for h in explorer.summary["history"]] == [0, 50, 100]
