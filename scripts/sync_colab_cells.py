@@ -1,0 +1,94 @@
+"""Write the Colab install cell into every notebook of the book.
+
+The first code cell of each notebook installs fvlib *at the book's version* when the notebook
+runs on Google Colab (the tag ``v<version>`` of the repository in ``_config.yml``) and turns on
+Colab's widget manager for the explorers; anywhere else it does nothing. Run this after a
+version bump (pyproject.toml and fvlib/__init__.py) and commit the notebooks:
+
+    python scripts/sync_colab_cells.py          # rewrite the cells
+    python scripts/sync_colab_cells.py --check  # exit 1 if any notebook is out of date
+
+tests/test_colab.py checks the cells with the same function and simulates Colab.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def book_version(root: Path = ROOT) -> str:
+    """The version in pyproject.toml (the book and fvlib share it)."""
+    return tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
+
+
+def repository_url(root: Path = ROOT) -> str:
+    """``repository: url:`` from _config.yml (no YAML parser needed for one key)."""
+    text = (root / "_config.yml").read_text()
+    match = re.search(r"^repository:\s*\n(?:\s+.*\n)*?\s+url:\s*(\S+)", text, flags=re.M)
+    if match is None:
+        raise SystemExit("_config.yml has no repository url")
+    return match.group(1)
+
+
+def install_spec(root: Path = ROOT) -> str:
+    """The pip requirement the Colab cell installs, e.g. ``fvlib @ git+https://...@v0.1.0``."""
+    return f"fvlib @ git+{repository_url(root)}@v{book_version(root)}"
+
+
+def install_cell_source(root: Path = ROOT) -> str:
+    return (
+        f"# On Google Colab: install fvlib at this book's version (v{book_version(root)}) and turn on the\n"
+        "# widget manager for the interactive explorers. Does nothing anywhere else.\n"
+        "import sys\n"
+        'if "google.colab" in sys.modules:\n'
+        f'    %pip install -q "{install_spec(root)}"\n'
+        "    from google.colab import output\n"
+        "    output.enable_custom_widget_manager()"
+    )
+
+
+def notebooks(root: Path = ROOT) -> list[Path]:
+    return sorted(p for p in (root / "book").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+
+
+def first_code_cell(notebook) -> dict:
+    return next(cell for cell in notebook.cells if cell.cell_type == "code")
+
+
+def sync(path: Path, source: str, write: bool) -> bool:
+    """Make the first code cell of ``path`` the install cell (tagged ``remove-cell``);
+    return whether it was out of date."""
+    notebook = nbformat.read(path, as_version=4)
+    cell = first_code_cell(notebook)
+    tags = cell.metadata.setdefault("tags", [])
+    if cell.source == source and "remove-cell" in tags:
+        return False
+    cell.source = source
+    if "remove-cell" not in tags:
+        tags.append("remove-cell")
+    if write:
+        nbformat.write(notebook, path)
+    return True
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only report notebooks that are out of date")
+    args = parser.parse_args(argv)
+    source = install_cell_source()
+    stale = [p for p in notebooks() if sync(p, source, write=not args.check)]
+    for path in stale:
+        print(("out of date: " if args.check else "updated: ") + str(path.relative_to(ROOT)))
+    return 1 if (args.check and stale) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
