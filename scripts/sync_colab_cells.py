@@ -55,6 +55,28 @@ def install_cell_source(root: Path = ROOT) -> str:
     )
 
 
+def repository_branch(root: Path = ROOT) -> str:
+    """``repository: branch:`` from _config.yml (the ref Colab launch buttons open)."""
+    text = (root / "_config.yml").read_text()
+    match = re.search(r"^repository:\s*\n(?:\s+.*\n)*?\s+branch:\s*(\S+)", text, flags=re.M)
+    if match is None:
+        raise SystemExit("_config.yml has no repository branch")
+    return match.group(1)
+
+
+def sync_branch(root: Path, write: bool) -> bool:
+    """Point the launch buttons (``repository: branch:``) at the tag ``v<version>``."""
+    tag = f"v{book_version(root)}"
+    if repository_branch(root) == tag:
+        return False
+    if write:
+        path = root / "_config.yml"
+        text = re.sub(r"^(repository:\s*\n(?:\s+.*\n)*?\s+branch:\s*)\S+", lambda m: m.group(1) + tag,
+                      path.read_text(), count=1, flags=re.M)
+        path.write_text(text)
+    return True
+
+
 def notebooks(root: Path = ROOT) -> list[Path]:
     return sorted(p for p in (root / "book").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
 
@@ -85,6 +107,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     source = install_cell_source()
     stale = [p for p in notebooks() if sync(p, source, write=not args.check)]
+    if sync_branch(ROOT, write=not args.check):
+        stale.append(ROOT / "_config.yml")
     for path in stale:
         print(("out of date: " if args.check else "updated: ") + str(path.relative_to(ROOT)))
     return 1 if (args.check and stale) else 0

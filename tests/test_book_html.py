@@ -14,7 +14,9 @@ Screenshots of every page go to ``_build/screenshots/``.
 from __future__ import annotations
 
 import functools
+import html
 import http.server
+import json
 import os
 import re
 import shutil
@@ -44,11 +46,8 @@ IN_CI = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
 
 # External resources a page may ask for and that are allowed to fail here (no network).
 # Everything else outside 127.0.0.1 is an error. Keep this list short and explained.
+# (No widget JavaScript: _config.yml renders each explorer's static fallback instead.)
 ALLOWED_EXTERNAL = (
-    # myst-nb loads these on pages that carry ipywidgets state; without them a widget shows
-    # no live control, and the chapter's static figure stands in for it.
-    "https://cdnjs.cloudflare.com/ajax/libs/require.js/",
-    "https://cdn.jsdelivr.net/npm/@jupyter-widgets/html-manager@",
     # Web fonts and analytics that themes may add; the page renders without them.
     "https://fonts.googleapis.com/",
     "https://fonts.gstatic.com/",
@@ -280,6 +279,45 @@ def test_notebook_has_colab_button(doc):
     branch = cfg["repository"].get("branch", "main")
     expected = f"https://colab.research.google.com/github/{repo}/blob/{branch}/{doc}.ipynb"
     assert expected in html_file.read_text(encoding="utf-8"), f"{doc}: no Colab link {expected}"
+
+
+EXPLORER_CALL = re.compile(r"\b(prior|strategy|training|patching)_explorer\(")
+
+
+def _displayed_explorers(doc: str) -> int:
+    """Code cells of a notebook that display an explorer (hidden cells excluded)."""
+    notebook = json.loads((ROOT / f"{doc}.ipynb").read_text(encoding="utf-8"))
+    count = 0
+    for cell in notebook["cells"]:
+        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        hidden = "remove-cell" in cell.get("metadata", {}).get("tags", [])
+        if cell["cell_type"] == "code" and not hidden and EXPLORER_CALL.search(source):
+            count += 1
+    return count
+
+
+@pytest.mark.parametrize("doc", [d for d in PAGES if _is_notebook(d)])
+def test_explorers_are_static_figures_with_a_note(doc):
+    """Every explorer a chapter displays appears in the HTML as its rendered figure plus the note
+    that it is live in Jupyter or Colab; no page carries a widget view (a control that would do
+    nothing without a kernel)."""
+    html_file = HTML / f"{doc}.html"
+    if not html_file.exists():
+        _unavailable(f"{html_file} is missing: run `make book` first")
+    from fvlib.widgets import LIVE_NOTE
+
+    page = html_file.read_text(encoding="utf-8")
+    assert "application/vnd.jupyter.widget-view+json" not in page, f"{doc}: a live widget view in static HTML"
+    blocks = re.findall(r'<div class="fvlib-explorer">(.*?)</div>', page, flags=re.S)
+    assert len(blocks) == _displayed_explorers(doc), f"{doc}: {len(blocks)} explorer figures rendered"
+    for block in blocks:
+        assert re.search(r'<img src="data:image/png;base64,[A-Za-z0-9+/=]{1000,}"', block), f"{doc}: no figure"
+        assert html.escape(LIVE_NOTE) in block, f"{doc}: explorer without the live note"
+
+
+def test_the_book_shows_all_four_explorers():
+    docs = [d for d in PAGES if _is_notebook(d)]
+    assert sum(_displayed_explorers(d) for d in docs) >= 4
 
 
 def test_toc_lists_pages():
