@@ -65,6 +65,12 @@ def test_version_is_the_same_everywhere():
     assert sync_colab_cells.repository_branch(ROOT) == f"v{fvlib.__version__}"
 
 
+def test_preface_and_readme_name_the_current_tag():
+    tag = f"v{fvlib.__version__}"
+    for name in ("book/index.md", "README.md"):
+        assert tag in (ROOT / name).read_text(), f"{name} does not mention {tag}"
+
+
 def test_every_notebook_starts_with_the_current_install_cell():
     assert len(NOTEBOOKS) >= 12
     expected = sync_colab_cells.install_cell_source(ROOT)

@@ -7,6 +7,7 @@ from fvlib import TreePrior, make_generator, make_prior
 from fvlib.models import make_model
 from fvlib.patching import (
     donor_signs,
+    patch_level_effect,
     key_patching_sweep,
     theory_patching_sweep,
     level_overlap,
@@ -205,3 +206,21 @@ def test_theory_sweep_uses_the_same_pairs_as_the_model_sweep(random_a):
     theory_side = theory_patching_sweep(TREE, N, 0.0, K, contexts=20, seed=3)
     assert model_side.n_contexts == theory_side.n_contexts == 20
     assert theory_side.loss.shape == model_side.loss.shape
+
+
+def test_patch_level_effect_resolves_a_cell_by_level():
+    tree = TreePrior(4, 0.5)
+    before = patch_level_effect(tree, 2, 2, 128, 0.0, n_layers=4, contexts=300)
+    after = patch_level_effect(tree, 2, 4, 128, 0.0, n_layers=4, contexts=300)
+    # l <= m: the patched measurement is the target's own node, nothing changes
+    assert torch.allclose(before.target, before.baseline)
+    # l > m: levels measured before layer l keep the target's coefficients, deeper ones suffer
+    assert after.target[:3].min() > 0.95 and after.target[3] < 0.8
+    # the donor's root sign is shared (m = 2), its level-1 sign is the opposite of the target's
+    assert after.donor[0] > 0.95 and after.donor[1] < -0.95
+    assert after.n_contexts == 300 and after.layer == 4 and after.split_level == 2
+
+
+def test_patch_level_effect_rejects_a_bad_layer():
+    with pytest.raises(ValueError, match="layer must be an integer in \\[1, 3\\], got 4"):
+        patch_level_effect(TreePrior(3, 0.5), 1, 4, 64, 0.0, n_layers=3)
