@@ -940,7 +940,7 @@ def _check_mask(mask) -> CheckResult:
         wrong = (tensor.bool() != expected).nonzero()
         if len(wrong) == 0:
             return (f"the ideal pattern for K = {K}, L = {L}: a large effect exactly when the patched layer l "
-                    "is below the split level (l > m)", 0.0, 1, {})
+                    "comes after the split (l > m)", 0.0, 1, {})
         m, l = (int(i) + 1 for i in wrong[0])
         candidates = [
             ("l_ge_m", ideal_patching_mask(K, L) | (torch.arange(1, L + 1)[None, :] == torch.arange(1, K + 1)[:, None]),
