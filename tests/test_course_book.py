@@ -1,6 +1,7 @@
 """The course module's pages: exercises, hidden solutions, cross-references, the toc part and
 the problem-set notebook conventions (no execution here; nbval runs the notebooks)."""
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -12,12 +13,11 @@ ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
 COURSE = BOOK / "course"
 PROBLEM_SETS = sorted(COURSE.glob("problem_set_*.ipynb"))
-COLAB_CELL = (
-    "# Installs fvlib (at this book's version) when running on Google Colab; does nothing elsewhere.\n"
-    "import sys\n"
-    'if "google.colab" in sys.modules:\n'
-    '    %pip install -q "fvlib @ git+https://github.com/fvlib/fvlib-book@v0.1.0"'
-)
+_SPEC = importlib.util.spec_from_file_location("sync_colab_cells", ROOT / "scripts" / "sync_colab_cells.py")
+sync_colab_cells = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(sync_colab_cells)
+#: The book's install cell (one source of truth: scripts/sync_colab_cells.py).
+COLAB_CELL = sync_colab_cells.install_cell_source(ROOT)
 
 OPTIONS = r"((?:[ \t]*:[\w-]+:.*\n)*)"
 EXERCISE = re.compile(r"^(?:`{3,}|:{3,})\{exercise\}[^\n]*\n" + OPTIONS, re.M)
