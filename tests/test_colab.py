@@ -67,7 +67,7 @@ def test_version_is_the_same_everywhere():
 
 def test_preface_and_readme_name_the_current_tag():
     tag = f"v{fvlib.__version__}"
-    for name in ("book/index.md", "README.md"):
+    for name in ("book/index.md", "README.md", "book/appendix_api.md"):
         assert tag in (ROOT / name).read_text(), f"{name} does not mention {tag}"
 
 
