@@ -17,7 +17,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 BUILD  := _build
 HTML   := $(BUILD)/html
-NOTEBOOKS := $(sort $(wildcard book/*.ipynb))
+NOTEBOOKS := $(sort $(wildcard book/*.ipynb book/*/*.ipynb))
 NBVAL_CELL_TIMEOUT ?= 1200
 PYTEST_FLAGS ?=
 
