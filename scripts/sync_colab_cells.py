@@ -29,13 +29,18 @@ def book_version(root: Path = ROOT) -> str:
     return tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
 
 
-def repository_url(root: Path = ROOT) -> str:
-    """``repository: url:`` from _config.yml (no YAML parser needed for one key)."""
+def _repository_setting(key: str, root: Path) -> str:
+    """``repository: <key>:`` from _config.yml (no YAML parser needed for one key)."""
     text = (root / "_config.yml").read_text()
-    match = re.search(r"^repository:\s*\n(?:\s+.*\n)*?\s+url:\s*(\S+)", text, flags=re.M)
+    match = re.search(rf"^repository:\s*\n(?:\s+.*\n)*?\s+{key}:\s*(\S+)", text, flags=re.M)
     if match is None:
-        raise SystemExit("_config.yml has no repository url")
+        raise SystemExit(f"_config.yml has no repository {key}")
     return match.group(1)
+
+
+def repository_url(root: Path = ROOT) -> str:
+    """The repository the book is published from."""
+    return _repository_setting("url", root)
 
 
 def install_spec(root: Path = ROOT) -> str:
@@ -56,12 +61,8 @@ def install_cell_source(root: Path = ROOT) -> str:
 
 
 def repository_branch(root: Path = ROOT) -> str:
-    """``repository: branch:`` from _config.yml (the ref Colab launch buttons open)."""
-    text = (root / "_config.yml").read_text()
-    match = re.search(r"^repository:\s*\n(?:\s+.*\n)*?\s+branch:\s*(\S+)", text, flags=re.M)
-    if match is None:
-        raise SystemExit("_config.yml has no repository branch")
-    return match.group(1)
+    """The ref the Colab launch buttons open (``repository: branch:``)."""
+    return _repository_setting("branch", root)
 
 
 def sync_branch(root: Path, write: bool) -> bool:
