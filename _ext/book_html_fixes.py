@@ -5,9 +5,17 @@ after the builder starts (sphinx-thebe's ``const THEBE_JS_URL = ...``, sphinx-to
 selector) are emitted twice on every page. The second ``const`` declaration is a JavaScript
 ``SyntaxError`` in every reader's console, and tests/test_book_html.py rightly fails on it.
 This extension drops exact duplicates from the page's script list just before rendering.
+
+It also drops the ipywidgets *state* that myst-nb embeds in pages whose notebook ran
+widgets: _config.yml renders each explorer's static fallback instead of its widget view
+(``nb_mime_priority_overrides``) and loads no widget JavaScript, so the state (a second copy
+of every explorer figure, as JSON) would only make the page heavier.
 """
 
+
 from __future__ import annotations
+
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
 
 def _key(js):
@@ -23,6 +31,8 @@ def _drop_duplicate_scripts(app, pagename, templatename, context, doctree):
     seen, unique = set(), []
     for js in scripts:
         key = _key(js)
+        if dict(key[1]).get("type") == WIDGET_STATE:
+            continue
         if key not in seen:
             seen.add(key)
             unique.append(js)

@@ -308,6 +308,7 @@ def test_explorers_are_static_figures_with_a_note(doc):
 
     page = html_file.read_text(encoding="utf-8")
     assert "application/vnd.jupyter.widget-view+json" not in page, f"{doc}: a live widget view in static HTML"
+    assert "application/vnd.jupyter.widget-state+json" not in page, f"{doc}: unused widget state embedded"
     blocks = re.findall(r'<div class="fvlib-explorer">(.*?)</div>', page, flags=re.S)
     assert len(blocks) == _displayed_explorers(doc), f"{doc}: {len(blocks)} explorer figures rendered"
     for block in blocks:
