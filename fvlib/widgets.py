@@ -454,6 +454,10 @@ class TrainingExplorer(Explorer):
 
         try:
             self.result = train(config, out_dir=self.run_dir(), progress=False, callback=on_eval)
+        except (ValueError, OSError) as err:  # RunDirError is a ValueError: a damaged run directory
+            self.caption.value = html.escape(f"Training failed: {err}")
+            self.summary["status"] = "failed"
+            return
         finally:
             self._set_running(False)
         stopped = self.result.history[-1]["step"] < config.steps

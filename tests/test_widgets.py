@@ -154,3 +154,14 @@ def test_training_explorer_shows_an_existing_run_of_a_base_config(tmp_path):
     explorer = widgets.training_explorer(base=config, run_root=tmp_path, reference_samples=200)
     assert explorer.summary["steps_done"] == 100 and explorer.config() == config
     assert [h["step"] for h in explorer.summary["history"]] == [0, 50, 100]
+
+
+def test_training_explorer_reports_a_damaged_run_instead_of_dying(tmp_path):
+    explorer = _small_training_explorer(tmp_path)
+    explorer.start(blocking=True)
+    (explorer.run_dir() / "model.safetensors").write_bytes(b"not a checkpoint")
+    explorer.start()  # background thread: the error must reach the reader, not vanish
+    explorer.wait(timeout=60)
+    assert explorer.summary["status"] == "failed"
+    assert "Training failed" in explorer.caption.value and "model.safetensors" in explorer.caption.value
+    assert not explorer.train_button.disabled  # the controls come back
