@@ -142,7 +142,10 @@ class Explorer(widgets.VBox):
         )
 
     def _repr_mimebundle_(self, **kwargs):
-        bundle = super()._repr_mimebundle_(**kwargs)
+        # ipywidgets 8 displays widgets through this method; ipywidgets 7 (still on some Colab
+        # images) uses _ipython_display_ instead and never calls it.
+        parent = getattr(super(), "_repr_mimebundle_", None)
+        bundle = parent(**kwargs) if parent is not None else {"text/plain": repr(self)}
         bundle["text/html"] = self.static_html()
         return bundle
 
