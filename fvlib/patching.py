@@ -194,8 +194,9 @@ class PatchingResult:
 
 def _run_sweep(tree, n_layers, n_ctx, noise_std, contexts, seed, chunk, run_pair) -> PatchingResult:
     """Draw ``contexts`` donor/target pairs per split level ``m = 1..K`` (seeded, chunked) and
-    score ``run_pair(target, donor) -> (clean theta_hat, [patched theta_hat per layer],
-    theta_target, theta_donor)``; shared by the model and theory sweeps so both see the same pairs."""
+    score ``run_pair(target, donor) -> (clean theta_hat, [patched theta_hat per layer], target,
+    donor)`` (see :func:`_model_patcher`, :func:`_theory_patcher`); shared by the model and
+    theory sweeps so both see the same pairs."""
     _check_tree(tree)
     _check_count("contexts", contexts)
     K, L = tree.depth, n_layers
@@ -206,11 +207,11 @@ def _run_sweep(tree, n_layers, n_ctx, noise_std, contexts, seed, chunk, run_pair
     for row in range(K):
         for size in _chunks(contexts, chunk):
             target, donor = patching_pairs(tree, size, row + 1, n_ctx, noise_std, generator)
-            clean, patched, theta_t, theta_d = run_pair(target, donor)
-            baseline[row].append(_sq_error(clean, theta_t))
+            clean, patched, target, donor = run_pair(target, donor)
+            baseline[row].append(_sq_error(clean, target.theta))
             for l, theta_hat in enumerate(patched, start=1):
-                target_err[row][l - 1].append(_sq_error(theta_hat, theta_t))
-                donor_err[row][l - 1].append(_sq_error(theta_hat, theta_d))
+                target_err[row][l - 1].append(_sq_error(theta_hat, target.theta))
+                donor_err[row][l - 1].append(_sq_error(theta_hat, donor.theta))
     return _collect_sweep(baseline, target_err, donor_err, contexts)
 
 
@@ -251,15 +252,8 @@ def key_patching_sweep(
     ``contexts`` donor/target pairs per split level (the same pairs for every layer), drawn
     with ``seed``. See :class:`PatchingResult` for the layout.
     """
-    device = _model_device(model)
-
-    def run_pair(target, donor):
-        target, donor = target.to(device), donor.to(device)
-        _, donor_cache = model.run_with_cache(donor, names_filter="blocks.*.hook_keys")
-        patched = [patch_keys(model, target, donor_cache[f"blocks.{l}.hook_keys"], l) for l in range(1, model.config.n_layers + 1)]
-        return model.predict_theta(target), patched, target.theta, donor.theta
-
-    return _run_sweep(tree, model.config.n_layers, n_ctx, noise_std, contexts, seed, chunk, run_pair)
+    layers = range(1, model.config.n_layers + 1)
+    return _run_sweep(tree, model.config.n_layers, n_ctx, noise_std, contexts, seed, chunk, _model_patcher(model, layers))
 
 
 def theory_patching_sweep(
@@ -282,7 +276,27 @@ def theory_patching_sweep(
     (the model's ``L``).
     """
     _check_count("n_layers", n_layers)
-    tau2 = channel_tau2(tree, n_ctx, noise_std)
+    patcher = _theory_patcher(tree, n_layers, channel_tau2(tree, n_ctx, noise_std), range(1, n_layers + 1))
+    return _run_sweep(tree, n_layers, n_ctx, noise_std, contexts, seed, chunk, patcher)
+
+
+def _model_patcher(model: FVTransformer, layers):
+    """``run_pair(target, donor) -> (clean theta_hat, [theta_hat with the donor's keys at layer l,
+    for l in layers], target, donor)``, the batches moved to the model's device."""
+    device = _model_device(model)
+
+    def run_pair(target, donor):
+        target, donor = target.to(device), donor.to(device)
+        _, donor_cache = model.run_with_cache(donor, names_filter="blocks.*.hook_keys")
+        patched = [patch_keys(model, target, donor_cache[f"blocks.{l}.hook_keys"], l) for l in layers]
+        return model.predict_theta(target), patched, target, donor
+
+    return run_pair
+
+
+def _theory_patcher(tree: TreePrior, n_layers: int, tau2: float, layers):
+    """The same for the greedy theory policy of depth ``n_layers``: "keys" at layer ``l`` are the
+    node measured there, so the target is forced to measure the donor's layer-``l`` node."""
 
     def run_pair(target, donor):
         target_chan = FiniteSampleChannel(target.to("cpu", torch.float64).sufficient_statistic())
@@ -291,11 +305,11 @@ def theory_patching_sweep(
         clean = run_greedy(tree, target_chan, n_layers, tau2).theta_hat
         patched = [
             run_greedy(tree, target_chan, n_layers, tau2, forced={l: donor_nodes[:, l - 1]}).theta_hat
-            for l in range(1, n_layers + 1)
+            for l in layers
         ]
-        return clean, patched, target.theta.double(), donor.theta.double()
+        return clean, patched, target, donor
 
-    return _run_sweep(tree, n_layers, n_ctx, noise_std, contexts, seed, chunk, run_pair)
+    return run_pair
 
 
 # ----------------------------------------------------------------------------------------
@@ -434,20 +448,13 @@ def patch_level_effect(
     depth = model.config.n_layers if model is not None else _check_count("n_layers", n_layers)
     if isinstance(layer, bool) or not isinstance(layer, int) or not 1 <= layer <= depth:
         raise ValueError(f"layer must be an integer in [1, {depth}], got {layer!r}")
-    target, donor = patching_pairs(tree, contexts, split_level, n_ctx, noise_std, make_generator(seed))
-    if model is not None:
-        device = _model_device(model)
-        target, donor = target.to(device), donor.to(device)
-        _, cache = model.run_with_cache(donor, names_filter=f"blocks.{layer}.hook_keys")
-        clean = model.predict_theta(target)
-        patched = patch_keys(model, target, cache[f"blocks.{layer}.hook_keys"], layer)
-    else:
-        tau2 = channel_tau2(tree, n_ctx, noise_std)
-        target_chan = FiniteSampleChannel(target.to("cpu", torch.float64).sufficient_statistic())
-        donor_chan = FiniteSampleChannel(donor.to("cpu", torch.float64).sufficient_statistic())
-        donor_nodes = run_greedy(tree, donor_chan, depth, tau2).nodes
-        clean = run_greedy(tree, target_chan, depth, tau2).theta_hat
-        patched = run_greedy(tree, target_chan, depth, tau2, forced={layer: donor_nodes[:, layer - 1]}).theta_hat
+    run_pair = (
+        _model_patcher(model, [layer])
+        if model is not None
+        else _theory_patcher(tree, depth, channel_tau2(tree, n_ctx, noise_std), [layer])
+    )
+    pairs = patching_pairs(tree, contexts, split_level, n_ctx, noise_std, make_generator(seed))
+    clean, (patched,), target, donor = run_pair(*pairs)
     return LevelEffect(
         target=level_overlap(tree, patched, target.signs).mean(0),
         donor=level_overlap(tree, patched, donor.signs).mean(0),

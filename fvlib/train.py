@@ -59,6 +59,7 @@ __all__ = [
     "evaluate",
     "train",
     "load_run",
+    "load_history",
     "MATCHING_BASELINE",
     "theory_reference",
     "compare_with_theory",
@@ -424,6 +425,16 @@ def load_run(run_dir: str | os.PathLike) -> tuple[FVTransformer, TrainConfig, li
     if history_step != step:
         raise RunDirError(f"{run_dir}: weights are from step {step} but history from step {history_step}")
     return model.eval(), config, history
+
+
+def load_history(run_dir: str | os.PathLike) -> list[dict]:
+    """The evaluation history of a run (as in :attr:`TrainResult.history`) without loading its
+    weights; raises :class:`RunDirError` when the directory or its history file is missing or
+    corrupt."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RunDirError(f"run directory {run_dir} does not exist")
+    return _read_history(run_dir)[1]
 
 
 def _same_run(a: TrainConfig, b: TrainConfig) -> bool:

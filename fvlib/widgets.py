@@ -45,7 +45,7 @@ from .plots.interventions import patching_ratio, plot_patching_heatmap
 from .plots.trees import OKABE_ITO, draw_tree_prior
 from .priors import GaussianPrior, TreePrior
 from .task import make_generator
-from .train import RunDirError, TrainConfig, load_run, run_dir_for, theory_reference, train
+from .train import RunDirError, TrainConfig, load_history, run_dir_for, theory_reference, train
 
 __all__ = [
     "Explorer",
@@ -389,8 +389,8 @@ class TrainingExplorer(Explorer):
     def saved_history(self) -> list[dict]:
         """History of the run at the current settings if it has been (partly) trained, else ``[]``."""
         try:
-            return load_run(self.run_dir())[2]
-        except (RunDirError, FileNotFoundError):
+            return load_history(self.run_dir())
+        except RunDirError:
             return []
 
     # -- drawing -------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from fvlib.train import (
     RunDirError,
     TrainConfig,
     evaluate,
+    load_history,
     load_run,
     lr_at,
     resolve_device,
@@ -37,13 +38,7 @@ TINY = TrainConfig(
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These tensors are tiny: one thread is as fast as two and immune to busy neighbours."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 def strip_times(history):
@@ -300,3 +295,10 @@ def test_weights_and_history_from_different_steps(run_dir):
     (run_dir / "history.json").write_text(json.dumps(payload))
     with pytest.raises(RunDirError, match="step"):
         load_run(run_dir)
+
+
+def test_load_history_reads_the_history_without_the_weights(tmp_path):
+    result = train(TINY, out_dir=tmp_path / "run", progress=False)
+    assert strip_times(load_history(tmp_path / "run")) == strip_times(result.history)
+    with pytest.raises(RunDirError, match="does not exist"):
+        load_history(tmp_path / "missing")
