@@ -912,12 +912,14 @@ PATCHING_CASES = ((3, 3, 32, 0.5), (4, 3, 64, 0.25))
 
 def ideal_patching_mask(depth: int, n_layers: int) -> torch.Tensor:
     """The ideal key-patching pattern as a boolean ``(K, L)`` mask: ``mask[m - 1, l - 1]`` is
-    ``True`` (a large effect) exactly when ``l > m``.
+    ``True`` (the patch changes what the target measures) exactly when ``l > m``.
 
     A donor path that splits off at level ``m`` shares the nodes of levels ``0..m-1`` with the
     target. In the ideal adaptive model layer ``l`` measures the path node of level ``l - 1``, so
     donor keys at layers ``l <= m`` route the target to its own node (no effect) and at
-    ``l > m`` to a node off its path.
+    ``l > m`` to a node off its path. That wastes one layer, not every level below it: a later
+    outcome reveals the skipped sign, so without noise (and ``L = K``) the expected cost is only
+    ``alpha^(K-1) / 2^(K-l)`` (:func:`fvlib.patching.noisefree_patching_loss`).
     """
     _check_positive("depth", depth, integer=True)
     _check_positive("n_layers", n_layers, integer=True)
@@ -939,15 +941,15 @@ def _check_mask(mask) -> CheckResult:
         state["cases"] = 1
         wrong = (tensor.bool() != expected).nonzero()
         if len(wrong) == 0:
-            return (f"the ideal pattern for K = {K}, L = {L}: a large effect exactly when the patched layer l "
-                    "comes after the split (l > m)", 0.0, 1, {})
+            return (f"the ideal pattern for K = {K}, L = {L}: the patch changes what the target measures exactly "
+                    "when the patched layer l comes after the split (l > m)", 0.0, 1, {})
         m, l = (int(i) + 1 for i in wrong[0])
         candidates = [
             ("l_ge_m", ideal_patching_mask(K, L) | (torch.arange(1, L + 1)[None, :] == torch.arange(1, K + 1)[:, None]),
              "at l = m the patched layer measures a node of level m - 1, which donor and target still share: no effect"),
             ("transposed", (torch.arange(1, K + 1)[:, None] > torch.arange(1, L + 1)[None, :]),
              "rows are split levels m and columns layers l; the effect is large for l > m, not m > l"),
-            ("inverted", ~expected, "True marks a *large* effect"),
+            ("inverted", ~expected, "True marks the cells where the patch changes what the target measures"),
         ]
         found = _diagnose(tensor.bool(), candidates, lambda y, c: bool((y == c).all()))
         hint = found[1] if found else "layer l measures the path node of level l - 1; the paths share levels 0..m-1"
@@ -982,8 +984,8 @@ def check_patching_sweep(
       whose paths split at level ``m``; run on :data:`PATCHING_CASES`;
     * a numeric ``(K, L)`` heatmap (or ``PatchingResult``) computed for ``TreePrior(depth, 0.5)``,
       ``n_ctx``, ``noise_std``, ``n_layers`` with at least ``contexts`` pairs per split level;
-    * a *boolean* ``(K, L)`` mask of the cells with a large effect: the qualitative shape,
-      compared with :func:`ideal_patching_mask` (``l > m``).
+    * a *boolean* ``(K, L)`` mask of the cells where the patch changes what the target
+      measures: the qualitative shape, compared with :func:`ideal_patching_mask` (``l > m``).
 
     Reference: :func:`fvlib.patching.theory_patching_sweep` with ``contexts`` pairs and
     ``seed``. A numeric answer passes when every cell is within

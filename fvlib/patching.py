@@ -18,8 +18,10 @@ Conventions: layers ``l = 1..L`` (1-based, as in the hook names ``blocks.{l}``) 
 column ``l - 1``; split levels ``m = 1..K`` in row ``m - 1``; tree levels ``k = 0..K-1`` as in
 :mod:`fvlib.priors`. In the ideal adaptive model layer ``l`` measures the path node at level
 ``l - 1``; donor keys at layer ``l`` therefore route the target to its own node when
-``l <= m`` (no effect) and to a node off its path when ``l > m`` (large effect, largest when the
-paths split early and the patch comes early).
+``l <= m`` (no effect) and to a node off its path when ``l > m``. Without channel noise a later
+outcome reveals the skipped sign, so a patch at ``l > m`` costs the greedy policy only
+``alpha^(K-1) / 2^(K-l)`` (:func:`noisefree_patching_loss`), more for later patches; with noise
+the early patches can cost more (:func:`theory_patching_row` follows one row against ``N``).
 
 :func:`theory_patching_sweep` runs the same intervention on the greedy theory policy, on the
 very same donor/target pairs.
@@ -609,3 +611,239 @@ def probe_workspace(
             kind, features[:n_train], labels[:n_train], features[n_train:], labels[n_train:], seed
         )
     return ProbeResult(accuracy=accuracy, kind=kind, n_train=n_train, n_test=n_test)
+
+
+# ----------------------------------------------------------------------------------------
+# The noise-free pattern and one heatmap row against the context length
+# ----------------------------------------------------------------------------------------
+import operator  # noqa: E402  (kept with the functions that use them)
+
+from .task import check_task_args  # noqa: E402
+
+
+def noisefree_patching_loss(tree: TreePrior, split_level: int, n_layers: int) -> torch.Tensor:
+    """Expected patched loss of the greedy policy in the noise-free limit (``tau -> 0``).
+
+    Row ``m = split_level`` of the key-patching heatmap, ``(L,)`` float64, column ``l - 1``
+    for layer ``l``, when the policy has one layer per tree level (``L = K``). A patch at
+    ``l <= m`` changes nothing (loss 0, the unpatched loss). A patch at ``l > m`` wastes
+    layer ``l``'s measurement; each later layer measures one child of the node it believes
+    is on the path, and its outcome (the child's coefficient, or zero) reveals the sign left
+    open, so only the finest level can stay unknown, with probability ``2^-(K - l)``:
+    the loss is ``alpha^(K-1) / 2^(K-l)``, whatever ``m < l``. Exact for the greedy rule with a
+    tie-break that does not depend on the unknown sign (fvlib's ``argmax`` takes the first).
+    The chapter on causal interventions states and proves it (``prop-interventions-ideal``).
+    """
+    _check_tree(tree)
+    K = tree.depth
+    if isinstance(split_level, bool) or not isinstance(split_level, int) or not 1 <= split_level <= K:
+        raise ValueError(f"split_level must be an integer in [1, {K}], got {split_level!r}")
+    if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers != K:
+        raise ValueError(f"the noise-free pattern is derived for n_layers = K = {K}, got {n_layers!r}")
+    layers = torch.arange(1, K + 1, dtype=torch.float64)
+    loss = tree.alpha ** (K - 1) * 2.0 ** (layers - K)
+    return torch.where(layers > split_level, loss, torch.zeros_like(loss))
+
+
+def sample_pair_statistics(
+    theta_target: torch.Tensor,
+    theta_donor: torch.Tensor,
+    n_ctx: int,
+    noise_std: float,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw the statistics ``g_hat = (1/N) sum_i y_i x_i`` of a target and a donor that share
+    their inputs ``x_i ~ N(0, I_D)``, exactly and in ``O(N + D)`` per pair.
+
+    ``y_i = <theta_target, x_i> + sigma eps_i`` and ``y'_i = <theta_donor, x_i> + sigma eps'_i``
+    with independent label noise (as in :func:`patching_pairs`). With an orthonormal basis
+    ``u_1, u_2`` of the span of the two latents, the coordinates ``a_i, b_i`` of ``x_i`` on it
+    carry all the dependence on ``y``; the rest of ``x_i`` is independent, so the two
+    orthogonal parts are jointly Gaussian with covariance
+    ``[[S_yy, S_yy'], [S_yy', S_y'y']] (x) P_perp / N^2``. All the sums over tokens are
+    quadratic forms in the Gram matrix of ``(a_i, b_i, eps_i, eps'_i)`` (of ``(a_i, b_i)`` when
+    ``sigma = 0``), which is accumulated over the tokens. Same law as the explicit sums, without
+    drawing ``N x D`` inputs (use it for long contexts).
+
+    Args:
+        theta_target, theta_donor: ``(B, D)`` latents (float64), non-zero.
+    Returns:
+        ``(g_target, g_donor)``, each ``(B, D)`` float64.
+    """
+    check_task_args(n_ctx, noise_std)
+    theta_t = torch.as_tensor(theta_target, dtype=torch.float64)
+    theta_d = torch.as_tensor(theta_donor, dtype=torch.float64)
+    if theta_t.ndim != 2 or theta_t.shape != theta_d.shape:
+        raise ValueError(
+            f"theta_target and theta_donor must both have shape (B, D), got "
+            f"{tuple(theta_t.shape)} and {tuple(theta_d.shape)}"
+        )
+    B, D = theta_t.shape
+    norm_t = theta_t.norm(dim=-1, keepdim=True)
+    if not bool((norm_t > 0).all()):
+        raise ValueError("theta_target must be non-zero in every row")
+    u1 = theta_t / norm_t
+    d1 = (theta_d * u1).sum(-1, keepdim=True)
+    rest = theta_d - d1 * u1
+    rest_norm = rest.norm(dim=-1, keepdim=True)
+    if D == 1:
+        u2 = torch.zeros_like(u1)
+    else:  # any unit vector orthogonal to u1 where the donor is parallel to the target
+        e = torch.zeros_like(u1).scatter_(-1, u1.abs().argmin(-1, keepdim=True), 1.0)
+        fallback = e - (e * u1).sum(-1, keepdim=True) * u1
+        fallback = fallback / fallback.norm(dim=-1, keepdim=True)
+        parallel = rest_norm <= 1e-12 * theta_d.norm(dim=-1, keepdim=True)
+        u2 = torch.where(parallel, fallback, rest / rest_norm.clamp_min(1e-300))
+    d2 = (theta_d * u2).sum(-1, keepdim=True)
+    # Per token, y_i and y'_i are linear in v_i = (a_i, b_i, eps_i, eps'_i) ~ N(0, I_p) (only
+    # (a_i, b_i) when sigma = 0): every sum below is a quadratic form in G = sum_i v_i v_i^T.
+    p = 2 if noise_std == 0 else 4
+    zero = torch.zeros_like(d1)
+    c_t = torch.cat([norm_t, zero, zero + noise_std, zero], dim=-1)[:, :p, None]  # (B, p, 1)
+    c_d = torch.cat([d1, d2, zero, zero + noise_std], dim=-1)[:, :p, None]
+    gram = torch.zeros(B, p, p, dtype=torch.float64)
+    chunk = max(1, (1 << 22) // (B * p))
+    for start in range(0, n_ctx, chunk):
+        width = min(chunk, n_ctx - start)
+        v = torch.randn(B, width, p, generator=generator, dtype=torch.float64)
+        gram += v.transpose(1, 2) @ v
+    g_ct, g_cd = gram @ c_t, gram @ c_d  # (B, p, 1)
+    s_ay, s_by, s_ay2, s_by2 = g_ct[:, 0], g_ct[:, 1], g_cd[:, 0], g_cd[:, 1]  # (B, 1) each
+    s_yy = (c_t * g_ct).sum(1)
+    s_yy2 = (c_t * g_cd).sum(1)
+    s_y2y2 = (c_d * g_cd).sum(1)
+    z1, z2 = torch.randn(2, B, D, generator=generator, dtype=torch.float64)
+
+    def perp(z):
+        return z - (z * u1).sum(-1, keepdim=True) * u1 - (z * u2).sum(-1, keepdim=True) * u2
+
+    z1, z2 = perp(z1), perp(z2)
+    root = s_yy.sqrt()
+    cross = s_yy2 / root.clamp_min(1e-300)
+    tail = (s_y2y2 - cross**2).clamp_min(0.0).sqrt()
+    g_t = (s_ay * u1 + s_by * u2 + root * z1) / n_ctx
+    g_d = (s_ay2 * u1 + s_by2 * u2 + cross * z1 + tail * z2) / n_ctx
+    return g_t, g_d
+
+
+@dataclass
+class PatchingRow:
+    """One row (split level ``m``) of the greedy theory's key-patching heatmap at several
+    context lengths ``N``.
+
+    Attributes:
+        n_ctx: ``(n,)`` context lengths, increasing.
+        loss: ``(n, L)``; ``loss[i, l - 1]`` is the target's excess loss at ``N = n_ctx[i]`` when
+            its measured node at layer ``l`` is replaced by the donor's.
+        stderr: ``(n, L)`` standard errors of ``loss``.
+        step_stderr: ``(n, L - 1)``; column ``l - 1`` is the standard error of
+            ``loss[:, l] - loss[:, l - 1]`` (layer ``l + 1`` minus layer ``l``), paired on the
+            same targets (usually much smaller than the two cells' errors added).
+        baseline: ``(n,)``, the unpatched loss of the same targets; ``baseline_stderr`` its error.
+        noisefree: ``(L,)``, :func:`noisefree_patching_loss` (``None`` when ``L != K``).
+        split_level, noise_std, n_contexts: the row ``m``, the label noise ``sigma`` and the
+            donor/target pairs per context length (the same leaves at every ``N``).
+    """
+
+    n_ctx: torch.Tensor
+    loss: torch.Tensor
+    stderr: torch.Tensor
+    step_stderr: torch.Tensor
+    baseline: torch.Tensor
+    baseline_stderr: torch.Tensor
+    noisefree: torch.Tensor | None
+    split_level: int
+    noise_std: float
+    n_contexts: int
+
+    @property
+    def ratio(self) -> torch.Tensor:
+        """``(n, L)`` patched over unpatched loss (the heatmap's ratio)."""
+        return self.loss / self.baseline[:, None]
+
+    def to_dict(self) -> dict:
+        return {
+            "n_ctx": self.n_ctx.tolist(),
+            "loss": self.loss.tolist(),
+            "stderr": self.stderr.tolist(),
+            "step_stderr": self.step_stderr.tolist(),
+            "baseline": self.baseline.tolist(),
+            "baseline_stderr": self.baseline_stderr.tolist(),
+            "noisefree": None if self.noisefree is None else self.noisefree.tolist(),
+            "split_level": self.split_level,
+            "noise_std": self.noise_std,
+            "n_contexts": self.n_contexts,
+        }
+
+
+def _check_n_ctx_values(n_ctx_values) -> list[int]:
+    """Context lengths as a list of positive, strictly increasing integers."""
+    message = f"n_ctx_values must be a non-empty increasing sequence of positive integers, got {n_ctx_values!r}"
+    try:
+        values = [operator.index(n) for n in n_ctx_values]
+    except TypeError:
+        raise ValueError(message) from None
+    if (not values or any(isinstance(n, bool) for n in n_ctx_values) or values[0] < 1
+            or any(b <= a for a, b in zip(values, values[1:]))):
+        raise ValueError(message)
+    return values
+
+
+def theory_patching_row(
+    tree: TreePrior,
+    n_ctx_values,
+    noise_std: float,
+    n_layers: int,
+    *,
+    split_level: int = 1,
+    contexts: int = 200,
+    seed: int = 0,
+) -> PatchingRow:
+    """Row ``m = split_level`` of :func:`theory_patching_sweep` at every ``N`` in ``n_ctx_values``.
+
+    ``contexts`` donor/target leaf pairs (split at ``split_level``, drawn once with ``seed``
+    and reused at every ``N``); for each ``N`` their statistics come from
+    :func:`sample_pair_statistics` (shared inputs, so long contexts cost ``O(N)`` per pair),
+    the donor's greedy rollout gives its nodes, and the target is rerun with the donor's node
+    forced at each layer ``l``, exactly as in :func:`theory_patching_sweep` (whose pairs it
+    does not reproduce: the random streams differ).
+    """
+    _check_tree(tree)
+    _check_count("contexts", contexts)
+    _check_count("n_layers", n_layers)
+    values = _check_n_ctx_values(n_ctx_values)
+    generator = make_generator(seed)
+    target_signs = tree.sample_signs(contexts, generator)
+    donor = donor_signs(tree, target_signs, split_level, generator)
+    theta_t, theta_d = tree.theta_from_signs(target_signs), tree.theta_from_signs(donor)
+    losses, errors, steps, bases, base_errors = [], [], [], [], []
+    for i, n in enumerate(values):
+        g_t, g_d = sample_pair_statistics(theta_t, theta_d, n, noise_std, make_generator(seed + 1 + i))
+        tau2 = channel_tau2(tree, n, noise_std)
+        target_chan, donor_chan = FiniteSampleChannel(g_t), FiniteSampleChannel(g_d)
+        donor_nodes = run_greedy(tree, donor_chan, n_layers, tau2).nodes
+        clean = run_greedy(tree, target_chan, n_layers, tau2).theta_hat
+        patched = torch.stack([
+            _sq_error(run_greedy(tree, target_chan, n_layers, tau2, forced={l: donor_nodes[:, l - 1]}).theta_hat,
+                      theta_t)
+            for l in range(1, n_layers + 1)
+        ])  # (L, B)
+        mean, err = _mean_and_stderr(patched)
+        base, base_err = _mean_and_stderr(_sq_error(clean, theta_t))
+        losses.append(mean), errors.append(err), bases.append(base), base_errors.append(base_err)
+        steps.append(_mean_and_stderr(patched[1:] - patched[:-1])[1])
+    return PatchingRow(
+        n_ctx=torch.tensor(values),
+        loss=torch.stack(losses),
+        stderr=torch.stack(errors),
+        step_stderr=torch.stack(steps),
+        baseline=torch.stack(bases),
+        baseline_stderr=torch.stack(base_errors),
+        noisefree=noisefree_patching_loss(tree, split_level, n_layers) if n_layers == tree.depth else None,
+        split_level=split_level,
+        noise_std=float(noise_std),
+        n_contexts=contexts,
+    )
+
+
+__all__ += ["noisefree_patching_loss", "sample_pair_statistics", "PatchingRow", "theory_patching_row"]

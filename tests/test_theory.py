@@ -235,3 +235,21 @@ def test_strategy_errors_name_the_bad_value():
         theory_baselines(TreePrior(2, 0.5), 16, 0.0, 9)
     with pytest.raises(ValueError, match="n_ctx"):
         channel_tau2(TreePrior(2, 0.5), 0, 0.0)
+
+
+def test_optimise_gaussian_rows_unit_rows_beat_top_coordinates_at_small_n():
+    from fvlib import GaussianPrior
+    from fvlib.theory import gaussian_coordinate_loss, optimise_gaussian_rows
+
+    twin = GaussianPrior.twin_of(TreePrior(4, 0.5))
+    tau2 = channel_tau2(twin, 8, 0.0)
+    top = gaussian_coordinate_loss(twin.variances, 4, tau2)
+    W, ortho = optimise_gaussian_rows(twin.cov, 4, tau2, steps=200)
+    _, unit = optimise_gaussian_rows(twin.cov, 4, tau2, rows="unit", steps=400)
+    assert W.shape == (4, twin.dim)
+    assert abs(ortho - top) < 1e-3          # Gaussian channel: the top-M coordinates are best
+    assert unit < top - 0.05                # noise tau^2 I: mixed unit rows do better
+    with pytest.raises(ValueError, match="rows"):
+        optimise_gaussian_rows(twin.cov, 4, tau2, rows="free")
+    with pytest.raises(ValueError, match="budget"):
+        optimise_gaussian_rows(twin.cov, 0, tau2)

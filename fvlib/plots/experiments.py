@@ -1,4 +1,5 @@
-"""Training experiments of models A, B, C and their theory overlays (DESIGN sections 5, 7, 9).
+"""Training experiments of models A, B, C and their theory overlays (the book's chapters
+"Experiments" and "Gaussian prior"; conventions in the appendix "Conventions").
 
 Experiment loops and figures of the chapters "Gaussian prior: depth does not help" and
 "Experiments: A vs B vs C":

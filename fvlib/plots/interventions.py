@@ -262,3 +262,47 @@ def plot_probe_heatmap(result, ax=None, title: str | None = None, colorbar: bool
     if colorbar:
         ax.figure.colorbar(image, ax=ax, label="test accuracy")
     return image
+
+
+# ----------------------------------------------------------------------------------------
+# One row of the theory heatmap against the context length
+# ----------------------------------------------------------------------------------------
+def plot_patching_row(row, ax=None, figsize=(6.4, 3.6)):
+    """Draw a :class:`fvlib.patching.PatchingRow`: the patched loss of the greedy theory at every
+    layer ``l > m`` against the context length ``N`` (log-log, error bars ``+-2`` s.e.), the
+    unpatched loss of the same targets (grey; it goes to 0 as ``N`` grows, and its points below a
+    tenth of the smallest patched loss are left out so the axis stays readable), and
+    the noise-free limits ``alpha^(K-1) / 2^(K-l)`` as dashed lines in the layers' colours.
+    The cells with ``l <= m`` equal the unpatched loss and are not drawn. Returns ``(fig, ax)``;
+    the axes hold one error-bar line per layer ``l > m`` and one for the unpatched loss."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=figsize, constrained_layout=True)
+    n = np.asarray(row.n_ctx, dtype=float)
+    loss = np.asarray(row.loss, dtype=float)
+    se = np.asarray(row.stderr, dtype=float)
+    base = np.asarray(row.baseline, dtype=float)
+    base_se = np.asarray(row.baseline_stderr, dtype=float)
+    L, m = loss.shape[1], row.split_level
+    colours = [OKABE_ITO[c] for c in ("blue", "orange", "green", "vermillion", "purple", "sky", "yellow", "black")]
+    for j, l in enumerate(range(m + 1, L + 1)):
+        colour = colours[j % len(colours)]
+        ax.errorbar(n, loss[:, l - 1], yerr=2 * se[:, l - 1], fmt="o-", ms=4, capsize=2, color=colour,
+                    label=f"patch at layer $l = {l}$")
+        if row.noisefree is not None:
+            ax.axhline(float(row.noisefree[l - 1]), color=colour, ls="--", lw=1)
+    after = loss[:, m:]
+    floor = 0.1 * float(after[after > 0].min()) if (after > 0).any() else 0.0
+    shown = base > floor
+    ax.errorbar(n[shown], base[shown], yerr=2 * base_se[shown], fmt="s:", ms=3, capsize=2, color="0.45",
+                label="unpatched")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("context length $N$")
+    ax.set_ylabel("target excess loss")
+    ax.set_title(f"greedy theory, split level $m = {m}$: {row.n_contexts:,} pairs per $N$"
+                 + ("; dashed: noise-free limit" if row.noisefree is not None else ""), fontsize=10)
+    ax.legend(fontsize=7, frameon=False, loc="upper right")
+    return ax.figure, ax
+
+
+__all__ += ["plot_patching_row"]

@@ -2,20 +2,24 @@
 
 Submodules: ``closed_forms``, ``channel`` (how measurements are observed), ``posteriors``
 (exact Bayes), ``strategies`` (greedy, non-adaptive, LMMSE, optimised directions, Monte
-Carlo), ``dp`` (dynamic programming over coordinate actions) and ``fits``.
+Carlo), ``dp`` (dynamic programming over coordinate actions), ``decoders`` (nonlinear
+decoders of the finite-``N`` statistic) and ``fits``.
 """
 
 from .channel import FiniteSampleChannel, GaussianChannel, sample_statistic
 from .closed_forms import (
+    best_fixed_nodes,
     channel_tau2,
     finite_n_covariance,
     gaussian_coordinate_loss,
     gaussian_posterior,
     gaussian_posterior_cov,
     noisefree_adaptive_loss,
+    noisefree_nodes_loss,
     noisefree_nonadaptive_loss,
     twin_finite_n_loss,
 )
+from .decoders import RadialDecoder, fit_radial_decoder
 from .dp import dp_policy_tree, dp_value, greedy_value, optimal_actions, policy_value
 from .fits import DecayFit, fit_decay
 from .posteriors import (
@@ -43,6 +47,7 @@ from .strategies import (
     mc_contexts,
     nonadaptive_nodes,
     optimise_directions,
+    optimise_gaussian_rows,
     orthonormal_rows,
     run_greedy,
     theory_baselines,

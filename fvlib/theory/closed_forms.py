@@ -1,7 +1,11 @@
-"""Closed forms of DESIGN section 4 (noise-free tree losses, Gaussian posteriors)."""
+"""Closed forms (chapters 5 and 6 of the book): noise-free tree losses, Gaussian posteriors."""
 
 from __future__ import annotations
 
+import itertools
+import math
+
+import numpy as np
 import torch
 
 from ..priors import Prior, TreePrior
@@ -11,6 +15,8 @@ __all__ = [
     "channel_tau2",
     "noisefree_adaptive_loss",
     "noisefree_nonadaptive_loss",
+    "noisefree_nodes_loss",
+    "best_fixed_nodes",
     "gaussian_coordinate_loss",
     "gaussian_posterior",
     "gaussian_posterior_cov",
@@ -41,6 +47,8 @@ def noisefree_nonadaptive_loss(tree: TreePrior, budget: int) -> float:
     """Non-adaptive coordinates in heap order, no channel noise, budget ``M = 2^m - 1 + r``.
 
     Leaves ``alpha^m (1 - r / 2^m) + sum_{k > m} alpha^k``, roughly ``(M + 1)^(log2 alpha)``.
+    Heap order is *not* the best fixed coordinate set (see :func:`best_fixed_nodes`); this
+    is the loss of the ``nonadaptive_coord`` strategy without noise.
     """
     _check_budget(budget)
     if budget >= tree.dim:
@@ -49,6 +57,180 @@ def noisefree_nonadaptive_loss(tree: TreePrior, budget: int) -> float:
     r = budget - (2**m - 1)
     tail = sum(tree.alpha**k for k in range(m + 1, tree.depth))
     return float(tree.alpha**m * (1 - r / 2**m) + tail)
+
+
+def _check_tree(tree) -> TreePrior:
+    if not isinstance(tree, TreePrior):
+        raise ValueError(f"tree must be a TreePrior, got {type(tree).__name__}")
+    return tree
+
+
+def _check_nodes(tree: TreePrior, nodes) -> torch.Tensor:
+    """A 1-D LongTensor of distinct node ids in ``[0, D)`` (heap order)."""
+    if isinstance(nodes, torch.Tensor):
+        if nodes.dtype.is_floating_point or nodes.dtype.is_complex or nodes.dtype == torch.bool:
+            raise ValueError(f"nodes must hold integer node ids, got dtype {nodes.dtype}")
+        t = nodes.detach().cpu().long()
+    else:
+        items = list(nodes)
+        for n in items:
+            if isinstance(n, bool) or not isinstance(n, (int, torch.Tensor)) and not hasattr(n, "__index__"):
+                raise ValueError(f"nodes must hold integer node ids, got {n!r}")
+        t = torch.tensor([int(n) for n in items], dtype=torch.long)
+    if t.ndim != 1:
+        raise ValueError(f"nodes must be one-dimensional, got shape {tuple(t.shape)}")
+    bad = t[(t < 0) | (t >= tree.dim)]
+    if bad.numel():
+        raise ValueError(f"node ids must be in [0, D) = [0, {tree.dim}), got {int(bad[0])}")
+    uniq, counts = torch.unique(t, return_counts=True)
+    if (counts > 1).any():
+        raise ValueError(f"nodes must be distinct, node {int(uniq[counts > 1][0])} is repeated")
+    return t
+
+
+def _nodes_losses(tree: TreePrior, sets: torch.Tensor) -> torch.Tensor:
+    """Noise-free Bayes losses of many fixed node sets at once: ``sets (C, M)`` -> ``(C,)``.
+
+    NumPy arrays in and out (small arrays: NumPy is several times faster than torch here).
+
+    Exact, by a recursion over subtrees that groups the ``2^K`` leaves by what they read (the
+    same result as enumerating the leaves, in ``O(D)`` per set). Condition on the path passing
+    node ``n`` (level ``k``, children ``a`` and ``b``) and keep, over the leaves below ``n``:
+    ``z_n`` the number of leaves whose reads below ``n`` (``n`` included) are all zero,
+    ``Q_n`` the squared norm of the sum of their ``theta`` (restricted to the subtree) and
+    ``E_n`` the summed squared error of the Bayes mean (group means) on the subtree. A non-zero
+    read below ``n`` puts the path on one side, so only the all-zero outcomes of ``a`` and
+    ``b`` merge: if ``n`` is not read, ``z_n = z_a + z_b``,
+    ``Q_n = Q_a + Q_b + alpha^k (z_b - z_a)^2`` and ``E_n = E_a + E_b - E0_a - E0_b + E0_n``
+    with ``E0 = z e - Q / z`` the error of the all-zero group (``e`` the energy of the levels
+    of the subtree); if ``n`` is read, its sign is known and ``E_n = E_a + E_b``, ``z_n = 0``.
+    Below the last level each leaf is a group of one. The loss is ``E_root / 2^K``.
+    """
+    K = tree.depth
+    sets = np.asarray(sets, dtype=np.int64)
+    C = sets.shape[0]
+    read = np.zeros((C, tree.dim), dtype=bool)
+    if sets.size:
+        read[np.arange(C)[:, None], sets] = True
+    tails = [sum(tree.alpha**j for j in range(k, K)) for k in range(K + 1)]  # e_k
+
+    def zero_group_error(z, q, e):  # an empty group (z = 0) has q = 0: no error
+        return z * e - q / np.maximum(z, 1.0)
+
+    z = np.ones((C, 2**K))
+    q = np.zeros((C, 2**K))
+    err = np.zeros((C, 2**K))
+    for k in range(K - 1, -1, -1):
+        za, zb, qa, qb = z[:, 0::2], z[:, 1::2], q[:, 0::2], q[:, 1::2]
+        children_err = err[:, 0::2] + err[:, 1::2]
+        is_read = read[:, 2**k - 1: 2 ** (k + 1) - 1]  # (C, 2^k)
+        z_n = za + zb
+        q_n = qa + qb + tree.alpha**k * (zb - za) ** 2
+        e0 = zero_group_error(za, qa, tails[k + 1]) + zero_group_error(zb, qb, tails[k + 1])
+        err_n = children_err - e0 + zero_group_error(z_n, q_n, tails[k])
+        z = np.where(is_read, 0.0, z_n)
+        q = np.where(is_read, 0.0, q_n)
+        err = np.where(is_read, children_err, err_n)
+    return np.maximum(err[:, 0] / 2**K, 0.0)
+
+
+def noisefree_nodes_loss(tree: TreePrior, nodes) -> float:
+    """Exact noise-free Bayes excess loss ``E|theta_hat - theta|^2`` of a fixed node set.
+
+    Measures the coordinates ``theta_n`` for ``n`` in ``nodes`` (a LongTensor or sequence of
+    distinct node ids in heap order, shape ``(M,)``, ``M >= 0``) without channel noise, the
+    same nodes for every context, and decodes with the Bayes posterior mean. By enumeration
+    over the ``2^K`` leaves: leaves that read the same values are indistinguishable, so the
+    posterior is uniform on each such group and the Bayes mean is the group mean. For the
+    first ``M`` nodes in heap order this equals :func:`noisefree_nonadaptive_loss`.
+    Computed by an exact recursion over subtrees in ``O(2^K)``, without forming the leaf
+    matrix (see the source of ``_nodes_losses``).
+    """
+    tree = _check_tree(tree)
+    t = _check_nodes(tree, nodes)
+    return float(_nodes_losses(tree, t[None].numpy())[0])
+
+
+def best_fixed_nodes(tree: TreePrior, budget: int, *, exact_limit: int = 20_000) -> torch.Tensor:
+    """The fixed coordinate set of ``M = budget`` nodes with the smallest noise-free Bayes loss.
+
+    Returns the node ids, sorted, as a LongTensor of shape ``(M,)``; its loss is
+    ``noisefree_nodes_loss(tree, nodes)``. Heap order is not the best set: the ``2^(L-1)``
+    nodes of level ``L-1`` alone give the first ``L`` signs (exactly one of them is non-zero;
+    its position gives the path above it and its value the next sign).
+
+    Search: when ``comb(D, M) <= exact_limit`` every ``M``-subset is evaluated and the result
+    is exact (ties go to the lexicographically first set). Otherwise the search is a
+    deterministic local search, so the result is an upper bound on the optimum, not a proof:
+    it starts from heap order, from a greedy forward selection (add the node that lowers the
+    loss most, one at a time), from the leftmost ``M`` nodes of every level with at least
+    ``M`` nodes and from every complete level with fewer nodes completed by greedy additions;
+    from each start it swaps one chosen node for one unchosen node as long as the best swap
+    lowers the loss, and keeps the best result (the first start wins ties). The result is
+    never worse than heap order; for ``K = 5``, ``M <= 6`` it equals the exact optimum.
+    """
+    tree = _check_tree(tree)
+    _check_budget(budget)
+    if budget > tree.dim:
+        raise ValueError(f"budget must be <= D = {tree.dim}, got {budget}")
+    if isinstance(exact_limit, bool) or not isinstance(exact_limit, int) or exact_limit < 1:
+        raise ValueError(f"exact_limit must be a positive integer, got {exact_limit!r}")
+    D, M = tree.dim, budget
+    tol = 1e-12
+    if math.comb(D, M) <= exact_limit:
+        best, best_loss = None, math.inf
+        combos = itertools.combinations(range(D), M)
+        while True:
+            block = list(itertools.islice(combos, 16384))
+            if not block:
+                break
+            sets = np.array(block, dtype=np.int64)
+            losses = _nodes_losses(tree, sets)
+            i = int(np.argmin(losses))
+            if losses[i] < best_loss - tol:
+                best, best_loss = sets[i], float(losses[i])
+        return torch.from_numpy(best.copy())
+    return _local_search(tree, M, tol)
+
+
+def _greedy_extend(tree: TreePrior, chosen: list, M: int) -> np.ndarray:
+    """Add nodes to ``chosen`` one at a time, each the one that lowers the loss most."""
+    chosen = list(chosen)
+    while len(chosen) < M:
+        rest = np.setdiff1d(np.arange(tree.dim), chosen)
+        sets = np.concatenate([np.tile(chosen, (rest.size, 1)).astype(np.int64), rest[:, None]], 1)
+        chosen.append(int(rest[np.argmin(_nodes_losses(tree, sets))]))
+    return np.array(chosen, dtype=np.int64)
+
+
+def _local_search(tree: TreePrior, M: int, tol: float) -> torch.Tensor:
+    D = tree.dim
+    starts = [np.arange(M), _greedy_extend(tree, [], M)]
+    for k in range(tree.depth):
+        first = 2**k - 1
+        if 2**k >= M:  # the leftmost M nodes of level k
+            starts.append(np.arange(first, first + M))
+        else:  # all of level k, then greedy additions
+            starts.append(_greedy_extend(tree, list(range(first, 2 * first + 1)), M))
+    best, best_loss = None, math.inf
+    for start in starts:
+        current = np.sort(start)
+        loss = float(_nodes_losses(tree, current[None])[0])
+        while M < D:
+            outside = np.setdiff1d(np.arange(D), current)
+            # every swap: position p of the set takes the unchosen node q
+            p = np.repeat(np.arange(M), outside.size)
+            cand = np.tile(current, (p.size, 1))
+            cand[np.arange(p.size), p] = np.tile(outside, M)
+            cand.sort(axis=1)
+            losses = _nodes_losses(tree, cand)
+            i = int(np.argmin(losses))
+            if losses[i] >= loss - tol:
+                break
+            current, loss = cand[i], float(losses[i])
+        if loss < best_loss - tol:
+            best, best_loss = current, loss
+    return torch.from_numpy(best.copy())
 
 
 def gaussian_coordinate_loss(variances: torch.Tensor, budget: int, tau2: float) -> float:

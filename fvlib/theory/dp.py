@@ -1,4 +1,5 @@
-"""Dynamic programming over coordinate actions (DESIGN section 4), for small trees.
+"""Dynamic programming over coordinate actions, for small trees (the book's chapter on dynamic
+programming).
 
 Setting: the Gaussian channel with noise std ``tau`` given directly; each of the ``L`` layers
 measures one node ``a`` and observes ``phi ~ N(theta[a], tau^2)`` (fresh noise, so measuring a
@@ -9,8 +10,15 @@ node again is allowed and useful). With belief ``b`` over the ``2^K`` leaves::
 The expectation over ``phi`` is a mixture of at most three Gaussians (``theta[a]`` is ``-c``,
 ``0`` or ``+c`` across leaves), integrated with Gauss-Hermite quadrature around each centre.
 The posterior is a steep logistic in ``phi``, so few nodes are not enough: 12 points leave
-about 1% error; the default 48 is accurate. Only ``K <= 3`` is supported (the cost grows as
-``(D * 3Q)^(L-1)``).
+about 1% error; the default 48 is accurate.
+
+Cost. Let ``P`` be the number of observation points of one measurement (``P = 3Q`` for the
+Gauss-Hermite rule with ``Q`` points per centre, ``P = Q`` for the grid), ``D = 2^K - 1`` and
+``J = 2^K``. The optimal policy tries ``K`` nodes at the prior and ``D`` at every later step;
+each tried node turns a belief into ``P`` child beliefs, and the last step is evaluated in
+closed form (``_last_step_value``: ``O(J^2 + P)`` per (belief, node) pair). In all
+``K (D P)^(L-1)`` (belief, node) pairs reach the last step, about ``K (D P)^(L-1) (P + J^2)``
+operations; greedy and non-adaptive reach ``P^(L-1)`` pairs. Only ``K <= 3`` is supported.
 
 At the uniform prior all nodes of a level are equivalent (the tree's symmetries preserve the
 prior and the loss), so the first decision only tries one node per level.

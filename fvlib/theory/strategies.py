@@ -1,4 +1,4 @@
-"""Measurement strategies and their Monte Carlo excess losses (DESIGN section 4).
+"""Measurement strategies and their Monte Carlo excess losses (chapters 4 to 6 of the book).
 
 Every strategy spends a budget of ``M`` scalar measurements (one per layer for the adaptive
 ones) and decodes with the exact Bayes posterior under the Gaussian-channel likelihood
@@ -21,9 +21,13 @@ from ..priors import TreePrior
 from .channel import FiniteSampleChannel, GaussianChannel, sample_statistic
 from .closed_forms import (
     _check_budget,
+    _check_nodes,
+    best_fixed_nodes,
     channel_tau2,
     gaussian_coordinate_loss,
+    gaussian_posterior_cov,
     noisefree_adaptive_loss,
+    noisefree_nodes_loss,
     noisefree_nonadaptive_loss,
 )
 from .posteriors import (
@@ -47,13 +51,17 @@ __all__ = [
     "lmmse_decode_nodes",
     "optimise_directions",
     "orthonormal_rows",
+    "optimise_gaussian_rows",
     "mc_contexts",
     "evaluate_strategies",
     "theory_baselines",
     "STRATEGIES",
 ]
 
-STRATEGIES = ("adaptive_greedy", "nonadaptive_coord", "lmmse", "nonadaptive_opt")
+#: ``nonadaptive_coord`` reads the first ``M`` nodes in heap order (the CLI's definition), which
+#: is *not* the best fixed coordinate set; ``nonadaptive_best_coord`` reads the set of
+#: :func:`~fvlib.theory.closed_forms.best_fixed_nodes` (best without channel noise), or a given set.
+STRATEGIES = ("adaptive_greedy", "nonadaptive_coord", "lmmse", "nonadaptive_opt", "nonadaptive_best_coord")
 
 
 @dataclass(frozen=True)
@@ -145,7 +153,11 @@ def _channel_batch(channel) -> int:
 
 
 def nonadaptive_nodes(tree_or_dim, budget: int) -> torch.Tensor:
-    """The first ``M`` nodes in heap order (breadth first), ``(M,)``."""
+    """The first ``M`` nodes in heap order (breadth first), ``(M,)``.
+
+    This is the set of the ``nonadaptive_coord`` strategy. It is not the best fixed set of
+    coordinates: see :func:`~fvlib.theory.closed_forms.best_fixed_nodes`.
+    """
     dim = tree_or_dim if isinstance(tree_or_dim, int) else tree_or_dim.dim
     _check_budget(budget)
     if budget > dim:
@@ -217,6 +229,47 @@ def optimise_directions(
     return orthonormal_rows(W.detach())
 
 
+def optimise_gaussian_rows(
+    cov: torch.Tensor,
+    budget: int,
+    tau2: float,
+    *,
+    rows: str = "orthonormal",
+    steps: int = 400,
+    lr: float = 0.1,
+    seed: int = 7,
+    init_noise: float = 0.1,
+) -> tuple[torch.Tensor, float]:
+    """The one-layer plan of ``M`` rows that minimises the Gaussian posterior trace, by Adam.
+
+    Minimises ``tr Sigma_post`` (:func:`~fvlib.theory.closed_forms.gaussian_posterior_cov`)
+    for the prior covariance ``cov (D, D)``. ``rows="orthonormal"``: the rows are orthonormal
+    and the noise is the Gaussian channel ``tau^2 W W^T`` (only the row space matters);
+    ``rows="unit"``: unit-norm rows with independent noise ``tau^2 I``, where mixed rows can
+    beat measuring the largest variances (chapter 5, *Gaussian prior*). Starts from the first
+    ``M`` coordinates plus ``init_noise`` Gaussian noise (seeded). Returns ``(W (M, D), loss)``
+    with the loss of the last step.
+    """
+    if rows not in ("orthonormal", "unit"):
+        raise ValueError(f"rows must be 'orthonormal' or 'unit', got {rows!r}")
+    if not 1 <= budget <= cov.shape[0]:
+        raise ValueError(f"budget must be in [1, D = {cov.shape[0]}], got {budget}")
+    cov = torch.as_tensor(cov, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(seed)
+    W = torch.eye(cov.shape[0], dtype=torch.float64)[:budget]
+    W = W + init_noise * torch.randn(W.shape, generator=gen, dtype=torch.float64)
+    W.requires_grad_(True)
+    opt = torch.optim.Adam([W], lr=lr)
+    for _ in range(steps):
+        rows_w = W / W.norm(dim=1, keepdim=True) if rows == "unit" else orthonormal_rows(W)
+        # noise tau^2 I: for orthonormal rows this is the Gaussian channel tau^2 W W^T
+        loss = torch.trace(gaussian_posterior_cov(cov, rows_w, tau2))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return rows_w.detach(), float(loss.detach())
+
+
 def mc_contexts(prior, samples: int, n_ctx: int, noise_std: float, seed: int, statistic: bool = True):
     """Shared Monte Carlo contexts: latents ``(S, D)``, signs (tree) and statistics ``g_hat (S, D)``.
 
@@ -248,6 +301,7 @@ def evaluate_strategies(
     strategies=("adaptive_greedy", "nonadaptive_coord", "lmmse"),
     channel: str = "finite",
     directions: torch.Tensor | None = None,
+    nodes: torch.Tensor | None = None,
 ) -> dict[str, Estimate]:
     """Monte Carlo excess losses of several strategies on the *same* contexts.
 
@@ -255,6 +309,9 @@ def evaluate_strategies(
         channel: ``"finite"`` (the finite-``N`` statistic) or ``"gaussian"`` (the channel
             approximation with ``tau^2 = (E|theta|^2 + sigma^2)/N``).
         directions: ``Q (M, D)`` for ``nonadaptive_opt``; optimised here when omitted.
+        nodes: the ``M`` distinct node ids ``(M,)`` read by ``nonadaptive_best_coord``
+            (Bayes decoding); ``best_fixed_nodes(tree, M)`` when omitted, i.e. the set that is
+            best *without* channel noise (at finite ``N`` another set may do better).
     Returns ``{strategy: Estimate}``; the sample count is in each estimate.
     """
     unknown = set(strategies) - set(STRATEGIES)
@@ -264,6 +321,12 @@ def evaluate_strategies(
         raise ValueError(f"channel must be 'finite' or 'gaussian', got {channel!r}")
     tau2 = channel_tau2(tree, n_ctx, noise_std)
     _check_budget(budget)
+    if nodes is not None:
+        nodes = _check_nodes(tree, nodes)
+        if nodes.numel() != budget:
+            raise ValueError(f"nodes must hold budget = {budget} node ids, got {nodes.numel()}")
+    elif "nonadaptive_best_coord" in strategies:
+        nodes = best_fixed_nodes(tree, budget)
     theta, _, g_hat = mc_contexts(tree, samples, n_ctx, noise_std, seed, statistic=channel == "finite")
     gen = torch.Generator().manual_seed(seed + 1)
 
@@ -274,21 +337,22 @@ def evaluate_strategies(
 
     out = {}
     for name in strategies:
-        out[name] = Estimate.of(_squared_errors(_estimate(name, tree, make_channel(), budget, tau2, directions, seed), theta))
+        theta_hat = _estimate(name, tree, make_channel(), budget, tau2, directions, seed, nodes)
+        out[name] = Estimate.of(_squared_errors(theta_hat, theta))
     return out
 
 
-def _estimate(name, tree, chan, budget, tau2, directions, seed):
+def _estimate(name, tree, chan, budget, tau2, directions, seed, best_nodes=None):
     if name == "adaptive_greedy":
         return run_greedy(tree, chan, budget, tau2).theta_hat
     if name == "nonadaptive_opt":
         Q = directions if directions is not None else optimise_directions(tree, budget, tau2, seed=seed)
         u = chan.measure(Q)
         return posterior_probs(log_likelihood_directions(tree, Q, u, tau2)) @ tree.leaf_thetas
-    nodes = nonadaptive_nodes(tree, budget)
+    nodes = best_nodes if name == "nonadaptive_best_coord" else nonadaptive_nodes(tree, budget)
     W = torch.eye(tree.dim, dtype=torch.float64)[nodes]
     phis = chan.measure(W)
-    if name == "nonadaptive_coord":
+    if name in ("nonadaptive_coord", "nonadaptive_best_coord"):
         return bayes_decode_nodes(tree, nodes, phis, tau2)
     return lmmse_decode_nodes(tree.node_variances, nodes, phis, tau2)
 
@@ -303,23 +367,32 @@ def theory_baselines(
     seed: int = 0,
     optimised: bool = False,
     dp: bool = False,
+    best_coord: bool = False,
 ) -> dict[str, float]:
-    """All baselines of the CLI contract (DESIGN section 8) as plain floats.
+    """All baselines of the command-line ``theory`` command as plain floats.
 
-    Keys: ``tau2``, ``adaptive_greedy``, ``nonadaptive_coord``, ``lmmse``, ``gaussian_twin``,
-    ``noisefree_adaptive``, ``noisefree_nonadaptive``; ``*_stderr`` for the Monte Carlo ones,
-    ``samples``; plus ``nonadaptive_opt`` when ``optimised`` and ``dp_optimal`` (Gaussian
-    channel with the same ``tau``, ``K <= 3``) when ``dp``.
+    Keys: ``tau2``, ``adaptive_greedy``, ``nonadaptive_coord`` (heap order), ``lmmse``,
+    ``gaussian_twin``, ``noisefree_adaptive``, ``noisefree_nonadaptive`` (heap order);
+    ``*_stderr`` for the Monte Carlo ones, ``samples``; plus ``nonadaptive_opt`` when
+    ``optimised``, ``dp_optimal`` (Gaussian channel with the same ``tau``, ``K <= 3``) when
+    ``dp``, and ``nonadaptive_best_coord`` with ``noisefree_best_coord`` (the set of
+    :func:`~fvlib.theory.closed_forms.best_fixed_nodes` and its exact noise-free loss) when ``best_coord``.
+    The extra strategies are evaluated after the others, so they change none of their numbers.
     """
     tau2 = channel_tau2(tree, n_ctx, noise_std)
     names = ("adaptive_greedy", "nonadaptive_coord", "lmmse") + (("nonadaptive_opt",) if optimised else ())
-    est = evaluate_strategies(tree, n_ctx, noise_std, budget, samples=samples, seed=seed, strategies=names)
+    names += ("nonadaptive_best_coord",) if best_coord else ()
+    best = best_fixed_nodes(tree, budget) if best_coord else None
+    est = evaluate_strategies(tree, n_ctx, noise_std, budget, samples=samples, seed=seed, strategies=names,
+                              nodes=best)
     out = {"tau2": tau2}
     for name, e in est.items():
         out[name] = e.mean
     out["gaussian_twin"] = gaussian_coordinate_loss(tree.node_variances, budget, tau2)
     out["noisefree_adaptive"] = noisefree_adaptive_loss(tree, budget)
     out["noisefree_nonadaptive"] = noisefree_nonadaptive_loss(tree, budget)
+    if best_coord:
+        out["noisefree_best_coord"] = noisefree_nodes_loss(tree, best)
     if dp:
         from .dp import dp_value  # local import: dp is optional and slower
 
