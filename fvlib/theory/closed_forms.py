@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .._checks import check_int
 from ..priors import Prior, TreePrior
 from ..task import check_task_args
 
@@ -19,12 +20,6 @@ __all__ = [
 ]
 
 
-def _check_budget(budget: int) -> int:
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-        raise ValueError(f"budget must be a positive integer, got {budget!r}")
-    return budget
-
-
 def channel_tau2(prior: Prior, n_ctx: int, noise_std: float) -> float:
     """Gaussian-channel noise variance ``tau^2 = (E|theta|^2 + sigma^2) / N``."""
     check_task_args(n_ctx, noise_std)
@@ -33,7 +28,7 @@ def channel_tau2(prior: Prior, n_ctx: int, noise_std: float) -> float:
 
 def noisefree_adaptive_loss(tree: TreePrior, n_layers: int) -> float:
     """Adaptive greedy, no channel noise, ``L`` layers: ``sum_{k >= L} alpha^k`` (~ alpha^L)."""
-    _check_budget(n_layers)
+    check_int("budget", n_layers, 1)
     return float(sum(tree.alpha**k for k in range(n_layers, tree.depth)))
 
 
@@ -42,7 +37,7 @@ def noisefree_nonadaptive_loss(tree: TreePrior, budget: int) -> float:
 
     Leaves ``alpha^m (1 - r / 2^m) + sum_{k > m} alpha^k``, roughly ``(M + 1)^(log2 alpha)``.
     """
-    _check_budget(budget)
+    check_int("budget", budget, 1)
     if budget >= tree.dim:
         return 0.0
     m = (budget + 1).bit_length() - 1  # largest m with 2^m - 1 <= M
@@ -56,7 +51,7 @@ def gaussian_coordinate_loss(variances: torch.Tensor, budget: int, tau2: float) 
 
     ``sum(unmeasured v) + sum(measured v * tau2 / (v + tau2))``.
     """
-    _check_budget(budget)
+    check_int("budget", budget, 1)
     v = torch.sort(torch.as_tensor(variances, dtype=torch.float64), descending=True).values
     measured, unmeasured = v[:budget], v[budget:]
     return float(unmeasured.sum() + (measured * tau2 / (measured + tau2)).sum())
