@@ -17,10 +17,11 @@ from dataclasses import dataclass
 
 import torch
 
+from .._checks import check_int
 from ..priors import TreePrior
+from ..stats import mean_and_stderr, squared_error
 from .channel import FiniteSampleChannel, GaussianChannel, sample_statistic
 from .closed_forms import (
-    _check_budget,
     channel_tau2,
     gaussian_coordinate_loss,
     noisefree_adaptive_loss,
@@ -67,9 +68,8 @@ class Estimate:
     @classmethod
     def of(cls, values: torch.Tensor) -> "Estimate":
         values = values.double().flatten()
-        n = values.numel()
-        stderr = float(values.std(unbiased=True) / math.sqrt(n)) if n > 1 else float("nan")
-        return cls(float(values.mean()), stderr, n)
+        mean, stderr = mean_and_stderr(values)
+        return cls(float(mean), float(stderr), values.numel())
 
     def __float__(self) -> float:
         return self.mean
@@ -118,7 +118,7 @@ def run_greedy(tree: TreePrior, channel, n_layers: int, tau2: float, forced: dic
         forced: optional ``{layer: nodes (B,)}`` with 1-based layers; at those layers the given
             nodes are measured instead of the greedy choice (the key-patching intervention).
     """
-    _check_budget(n_layers)
+    check_int("budget", n_layers, 1)
     if n_layers > tree.dim:
         raise ValueError(f"budget must be <= D = {tree.dim} for coordinate strategies, got {n_layers}")
     batch = _channel_batch(channel)
@@ -147,7 +147,7 @@ def _channel_batch(channel) -> int:
 def nonadaptive_nodes(tree_or_dim, budget: int) -> torch.Tensor:
     """The first ``M`` nodes in heap order (breadth first), ``(M,)``."""
     dim = tree_or_dim if isinstance(tree_or_dim, int) else tree_or_dim.dim
-    _check_budget(budget)
+    check_int("budget", budget, 1)
     if budget > dim:
         raise ValueError(f"budget must be <= D = {dim} for coordinate strategies, got {budget}")
     return torch.arange(budget)
@@ -194,7 +194,7 @@ def optimise_directions(
     Monte Carlo Bayes risk under the Gaussian channel, with fresh samples every step (Adam).
     Starts from the first ``M`` heap-order coordinates plus noise. Returns ``Q (M, D)``.
     """
-    _check_budget(budget)
+    check_int("budget", budget, 1)
     if budget > tree.dim:
         raise ValueError(f"budget must be <= D = {tree.dim}, got {budget}")
     gen = torch.Generator().manual_seed(seed)
@@ -233,10 +233,6 @@ def mc_contexts(prior, samples: int, n_ctx: int, noise_std: float, seed: int, st
     return theta, signs, g_hat
 
 
-def _squared_errors(theta_hat, theta):
-    return ((theta_hat - theta) ** 2).sum(-1)
-
-
 def evaluate_strategies(
     tree: TreePrior,
     n_ctx: int,
@@ -263,7 +259,7 @@ def evaluate_strategies(
     if channel not in ("finite", "gaussian"):
         raise ValueError(f"channel must be 'finite' or 'gaussian', got {channel!r}")
     tau2 = channel_tau2(tree, n_ctx, noise_std)
-    _check_budget(budget)
+    check_int("budget", budget, 1)
     theta, _, g_hat = mc_contexts(tree, samples, n_ctx, noise_std, seed, statistic=channel == "finite")
     gen = torch.Generator().manual_seed(seed + 1)
 
@@ -274,7 +270,7 @@ def evaluate_strategies(
 
     out = {}
     for name in strategies:
-        out[name] = Estimate.of(_squared_errors(_estimate(name, tree, make_channel(), budget, tau2, directions, seed), theta))
+        out[name] = Estimate.of(squared_error(_estimate(name, tree, make_channel(), budget, tau2, directions, seed), theta))
     return out
 
 
