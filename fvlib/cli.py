@@ -1,4 +1,6 @@
-"""Command-line interface (DESIGN section 8): ``python -m fvlib theory|train|patch|reproduce``.
+"""Command-line interface: ``python -m fvlib theory|train|patch|reproduce``.
+
+The contract (subcommands, flags, JSON keys) is the book's appendix *Conventions*, section "The command line".
 
 Bad input never shows a traceback: the message names the bad value on one line and the exit
 status is 2.

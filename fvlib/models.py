@@ -1,4 +1,5 @@
-"""Constrained linear-attention transformers: models A, B and C (DESIGN section 5).
+"""Constrained linear-attention transformers: models A, B and C (chapter 7, *From theory to
+architecture*; the book's appendix *Conventions*, section "Models A, B, C").
 
 A context of ``N`` tokens ``z_i = (x_i, y_i)`` and a query token ``x_q`` go in; layer
 ``l = 1..L`` computes

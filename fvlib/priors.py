@@ -1,4 +1,5 @@
-"""Priors over the latent context variable ``theta`` (DESIGN section 3).
+"""Priors over the latent context variable ``theta`` (the book's appendix *Conventions*, section "The tree prior and
+its indexing"; chapter 2, *In-context regression as Bayesian inference*).
 
 Two families:
 

@@ -1,4 +1,5 @@
-"""The in-context regression task (DESIGN section 2).
+"""The in-context regression task (the book's appendix *Conventions*, section "The task and the loss";
+chapter 2, *In-context regression as Bayesian inference*).
 
 A context holds ``N`` tokens ``z_i = (x_i, y_i)`` with ``x_i ~ N(0, I_D)`` and
 ``y_i = <theta, x_i> + sigma * eps_i``; a query ``x_q`` has the same law and the target is

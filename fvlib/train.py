@@ -1,4 +1,5 @@
-"""Training models A, B, C on in-context regression (DESIGN section 5).
+"""Training models A, B, C on in-context regression (chapter 8, *Experiments*; the book's appendix *Conventions*,
+section "Models A, B, C").
 
 * Fresh contexts every step (infinite data) from a seeded :class:`torch.Generator`.
 * Loss: the query-token loss ``(y_hat_q - y_q)^2``, averaged over the batch and over
@@ -619,7 +620,7 @@ def train(
     )
 
 
-#: The theory baseline each model is measured against (DESIGN section 7).
+#: The theory baseline each model is measured against (chapter 8, *Experiments*).
 MATCHING_BASELINE = {"A": "adaptive_greedy", "B": "nonadaptive_opt", "C": "lmmse"}
 
 

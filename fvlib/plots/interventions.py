@@ -1,5 +1,5 @@
 """Figures and summaries for causal interventions: key patching and workspace transplant
-(DESIGN section 6).
+(chapter 10, *Causal interventions*; the book's appendix *Conventions*, section "Donor, target and the split level").
 
 * :func:`patching_ratio` -- the heatmap of a :class:`fvlib.patching.PatchingResult` as a ratio
   to the unpatched loss of the same targets;

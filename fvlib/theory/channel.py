@@ -1,4 +1,5 @@
-"""How a layer's measurement ``phi_l`` is observed (DESIGN section 4).
+"""How a layer's measurement ``phi_l`` is observed (the book's appendix *Conventions*, section "Measurements and the
+channel").
 
 Two observation models share one interface, ``measure_nodes(nodes)`` for coordinate actions
 and ``measure(W)`` for general directions:

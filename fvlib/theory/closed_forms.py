@@ -1,4 +1,6 @@
-"""Closed forms of DESIGN section 4 (noise-free tree losses, Gaussian posteriors)."""
+"""Closed forms: the channel noise ``tau^2`` (the book's appendix *Conventions*, section "Measurements and the
+channel"), the noise-free tree losses (chapter 6, *Tree prior*) and the Gaussian posteriors
+(chapter 5, *Gaussian prior*)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Dynamic programming over coordinate actions (DESIGN section 4), for small trees.
+"""Dynamic programming over coordinate actions, for small trees (chapter 4, *Choosing what to
+measure*).
 
 Setting: the Gaussian channel with noise std ``tau`` given directly; each of the ``L`` layers
 measures one node ``a`` and observes ``phi ~ N(theta[a], tau^2)`` (fresh noise, so measuring a

@@ -1,4 +1,5 @@
-"""Measurement strategies and their Monte Carlo excess losses (DESIGN section 4).
+"""Measurement strategies and their Monte Carlo excess losses (the book's appendix *Conventions*, section
+"Strategies and their names"; chapter 6, *Tree prior*).
 
 Every strategy spends a budget of ``M`` scalar measurements (one per layer for the adaptive
 ones) and decodes with the exact Bayes posterior under the Gaussian-channel likelihood
@@ -300,7 +301,8 @@ def theory_baselines(
     optimised: bool = False,
     dp: bool = False,
 ) -> dict[str, float]:
-    """All baselines of the CLI contract (DESIGN section 8) as plain floats.
+    """All baselines of the CLI's ``theory`` command as plain floats (the book's appendix *Conventions*, section
+    "The command line").
 
     Keys: ``tau2``, ``adaptive_greedy``, ``nonadaptive_coord``, ``lmmse``, ``gaussian_twin``,
     ``noisefree_adaptive``, ``noisefree_nonadaptive``; ``*_stderr`` for the Monte Carlo ones,
