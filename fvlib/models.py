@@ -33,9 +33,11 @@ names are also the module paths (``model.blocks["1"].hook_keys``):
 * ``hook_prediction`` -- ``(B,)``: query prediction ``y_hat_q`` (``(B, Q)`` for ``Q`` query
   tokens per context).
 
+:func:`hook_name` builds every name (``hook_name("keys", l)``, ``hook_name("theta_hat")``).
 A hook is ``fn(tensor, hook) -> tensor | None``; returning ``None`` keeps the tensor and
 ``hook.name`` is the hook's name. Use :meth:`FVTransformer.run_with_cache`,
-:meth:`FVTransformer.run_with_hooks` or the context manager :meth:`FVTransformer.hooks`.
+:meth:`FVTransformer.run_with_hooks` or the context manager :meth:`FVTransformer.hooks`;
+:meth:`HookPoint.add_hook` returns a :class:`HookHandle` whose ``remove()`` takes the hook out.
 """
 
 from __future__ import annotations
