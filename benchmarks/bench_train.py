@@ -1,4 +1,4 @@
-"""Training speed of models A, B, C at the reference configuration (DESIGN section 7).
+"""Training speed of models A, B, C at the reference configuration (chapter 6, *Tree prior*).
 
 Not a test: run it by hand and read the numbers.
 

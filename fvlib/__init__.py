@@ -4,6 +4,11 @@ The library behind the executable textbook. Modules, from the bottom up:
 
 ``priors`` -> ``task`` -> ``theory`` -> ``models`` -> ``train`` -> ``patching`` -> ``plots``
 -> ``widgets``, with ``cli`` and ``course`` on top. Each imports only from layers below it.
+Under all of them: ``_checks`` (the argument checks of the public entry points) and ``stats``
+(squared error, mean and standard error).
+
+The conventions the code relies on (tree indexing, the channel and ``tau^2``, models A/B/C,
+the split level, the CLI contract) are the book's appendix *Conventions*.
 """
 
 __version__ = "0.1.0"

@@ -1,4 +1,6 @@
-"""Command-line interface (DESIGN section 8): ``python -m fvlib theory|train|patch|reproduce``.
+"""Command-line interface: ``python -m fvlib theory|train|patch|reproduce``.
+
+The contract (subcommands, flags, JSON keys) is the book's appendix *Conventions*, section "The command line".
 
 Bad input never shows a traceback: the message names the bad value on one line and the exit
 status is 2.
@@ -9,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+
+from ._checks import check_int, check_number
 
 __all__ = ["main", "build_parser"]
 
@@ -22,34 +26,42 @@ class _Parser(argparse.ArgumentParser):
         raise CliError(message)
 
 
-def _positive_int(name):
+def _integer(name, low=None):
+    """An argparse type: an integer ``>= low``, checked by :func:`fvlib._checks.check_int`."""
+
     def parse(text):
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {value}")
-        return value
+        return _checked(check_int, name, value, low)
 
     return parse
 
 
+def _positive_int(name):
+    return _integer(name, 1)
+
+
 def _number(name, low=None, high=None, low_open=False):
+    """An argparse type: a finite number in ``[low, high]`` (``(low, high]`` with ``low_open``)."""
+
     def parse(text):
         try:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
-        if value != value or value in (float("inf"), float("-inf")):
-            raise argparse.ArgumentTypeError(f"{name} must be finite, got {text!r}")
-        too_low = low is not None and (value <= low if low_open else value < low)
-        if too_low or (high is not None and value > high):
-            lo = "(" if low_open else "["
-            raise argparse.ArgumentTypeError(f"{name} must be in {lo}{low}, {high}], got {text}")
-        return value
+        return _checked(check_number, name, value, low, high, low_open=low_open)
 
     return parse
+
+
+def _checked(check, *args, **kwargs):
+    """Run a :mod:`fvlib._checks` check; its ``ValueError`` becomes argparse's one-line error."""
+    try:
+        return check(*args, **kwargs)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _add_task_args(p, prior_choices):
@@ -59,7 +71,7 @@ def _add_task_args(p, prior_choices):
     p.add_argument("--n-ctx", type=_positive_int("--n-ctx"), required=True, help="context length N")
     p.add_argument("--noise-std", type=_number("--noise-std", 0.0, None), default=0.0, help="label noise sigma")
     p.add_argument("--budget", type=_positive_int("--budget"), required=True, help="measurement budget M")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_integer("--seed"), default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -90,14 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
     patch = sub.add_parser("patch", help="key-patching heatmap of a trained tree-prior run")
     patch.add_argument("--run", required=True, help="run directory written by 'train'")
     patch.add_argument("--contexts", type=_positive_int("--contexts"), default=2000, help="pairs per split level")
-    patch.add_argument("--seed", type=int, default=0)
+    patch.add_argument("--seed", type=_integer("--seed"), default=0)
     patch.add_argument("--json", action="store_true", help="print one JSON object")
     patch.set_defaults(handler=_run_patch)
 
     repro = sub.add_parser("reproduce", help="regenerate the book's result files (JSON)")
     repro.add_argument("--quick", action="store_true", help="small configuration (about a minute)")
     repro.add_argument("--out", required=True, help="output directory")
-    repro.add_argument("--seed", type=int, default=0)
+    repro.add_argument("--seed", type=_integer("--seed", 0), default=0)
     repro.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     repro.set_defaults(handler=_run_reproduce)
     return parser
@@ -182,8 +194,6 @@ def _run_patch(args) -> dict:
 def _run_reproduce(args) -> dict:
     from .reproduce import reproduce
 
-    if args.seed < 0:
-        raise CliError(f"--seed must be >= 0, got {args.seed}")
     return reproduce(args.out, quick=args.quick, seed=args.seed, progress=not args.no_progress)
 
 

@@ -1,4 +1,5 @@
-"""Constrained linear-attention transformers: models A, B and C (DESIGN section 5).
+"""Constrained linear-attention transformers: models A, B and C (chapter 7, *From theory to
+architecture*; the book's appendix *Conventions*, section "Models A, B, C").
 
 A context of ``N`` tokens ``z_i = (x_i, y_i)`` and a query token ``x_q`` go in; layer
 ``l = 1..L`` computes
@@ -32,15 +33,18 @@ names are also the module paths (``model.blocks["1"].hook_keys``):
 * ``hook_prediction`` -- ``(B,)``: query prediction ``y_hat_q`` (``(B, Q)`` for ``Q`` query
   tokens per context).
 
+:func:`hook_name` builds every name (``hook_name("keys", l)``, ``hook_name("theta_hat")``).
 A hook is ``fn(tensor, hook) -> tensor | None``; returning ``None`` keeps the tensor and
 ``hook.name`` is the hook's name. Use :meth:`FVTransformer.run_with_cache`,
-:meth:`FVTransformer.run_with_hooks` or the context manager :meth:`FVTransformer.hooks`.
+:meth:`FVTransformer.run_with_hooks` or the context manager :meth:`FVTransformer.hooks`;
+:meth:`HookPoint.add_hook` returns a :class:`HookHandle` whose ``remove()`` takes the hook out.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fnmatch
+import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, fields
@@ -48,6 +52,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 from torch import nn
 
+from ._checks import check_int
 from .priors import Prior
 from .task import TaskBatch
 
@@ -56,7 +61,11 @@ __all__ = [
     "DECODER_KINDS",
     "MODEL_KINDS",
     "ModelConfig",
+    "LAYER_HOOKS",
+    "MODEL_HOOKS",
+    "hook_name",
     "HookPoint",
+    "HookHandle",
     "ActivationCache",
     "FVTransformer",
     "model_a",
@@ -76,11 +85,6 @@ HookFn = Callable[[torch.Tensor, "HookPoint"], "torch.Tensor | None"]
 # ----------------------------------------------------------------------------------------
 # Configuration
 # ----------------------------------------------------------------------------------------
-def _check_positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
 @dataclass(frozen=True)
 class ModelConfig:
     """Architecture of an :class:`FVTransformer`.
@@ -105,7 +109,7 @@ class ModelConfig:
 
     def __post_init__(self):
         for name in ("dim", "n_layers", "channels", "width", "hidden_layers"):
-            _check_positive_int(name, getattr(self, name))
+            check_int(name, getattr(self, name), 1)
         if self.router not in ROUTER_KINDS:
             raise ValueError(f"router must be one of {ROUTER_KINDS}, got {self.router!r}")
         if self.decoder not in DECODER_KINDS:
@@ -135,6 +139,42 @@ class ModelConfig:
 # ----------------------------------------------------------------------------------------
 # Hooks and caches
 # ----------------------------------------------------------------------------------------
+#: Activations hooked in every layer ``l``: ``blocks.{l}.hook_{kind}``.
+LAYER_HOOKS = ("keys", "phi", "workspace")
+#: Activations hooked once per model: ``hook_{kind}``.
+MODEL_HOOKS = ("theta_hat", "prediction")
+
+
+def hook_name(kind: str, layer: int | str | None = None) -> str:
+    """The name of a hook point, e.g. ``hook_name("keys", 2) == "blocks.2.hook_keys"``.
+
+    ``kind`` is one of :data:`LAYER_HOOKS` with a 1-based ``layer`` (or ``"*"``, the glob
+    pattern of every layer, for ``names_filter``), or one of :data:`MODEL_HOOKS` without one:
+    ``hook_name("theta_hat") == "hook_theta_hat"``.
+    """
+    if kind in MODEL_HOOKS:
+        if layer is not None:
+            raise ValueError(f"hook_{kind} belongs to the whole model, not to a layer; got layer={layer!r}")
+        return f"hook_{kind}"
+    if kind not in LAYER_HOOKS:
+        raise ValueError(f"hook kind must be one of {LAYER_HOOKS + MODEL_HOOKS}, got {kind!r}")
+    if layer != "*":
+        check_int("layer", layer, 1)
+    return f"blocks.{layer}.hook_{kind}"
+
+
+class HookHandle:
+    """What :meth:`HookPoint.add_hook` returns: :meth:`remove` takes out exactly that hook
+    (the same function added twice has two handles)."""
+
+    def __init__(self, hook_fns: dict, key: int):
+        self._hook_fns, self._key = hook_fns, key
+
+    def remove(self) -> None:
+        """Remove the hook; removing it again does nothing."""
+        self._hook_fns.pop(self._key, None)
+
+
 class HookPoint(nn.Module):
     """Identity module marking a named activation; hooks may read or replace it.
 
@@ -142,19 +182,21 @@ class HookPoint(nn.Module):
     added and a returned tensor replaces the activation (``None`` keeps it).
     """
 
+    _keys = itertools.count()
+
     def __init__(self):
         super().__init__()
         self.name = ""
-        self._hook_fns: list[HookFn] = []
+        self._hook_fns: dict[int, HookFn] = {}
 
-    def add_hook(self, fn: HookFn) -> None:
-        self._hook_fns.append(fn)
-
-    def remove_hooks(self) -> None:
-        self._hook_fns.clear()
+    def add_hook(self, fn: HookFn) -> HookHandle:
+        """Run ``fn`` on every forward pass until the returned handle's ``remove()``."""
+        key = next(self._keys)
+        self._hook_fns[key] = fn
+        return HookHandle(self._hook_fns, key)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for fn in self._hook_fns:
+        for fn in list(self._hook_fns.values()):
             out = fn(x, self)
             if out is not None:
                 if out.shape != x.shape:
@@ -332,13 +374,13 @@ class FVTransformer(nn.Module):
         self._hook_points = {name: m for name, m in self.named_modules() if isinstance(m, HookPoint)}
         for name, hook_point in self._hook_points.items():
             hook_point.name = name
+        layer_hooks = [hook_name(kind, l) for l in range(1, config.n_layers + 1) for kind in LAYER_HOOKS]
+        assert list(self._hook_points) == layer_hooks + [hook_name(kind) for kind in MODEL_HOOKS]
 
     # ----- forward ---------------------------------------------------------------------
     def block(self, layer: int) -> Block:
         """Layer ``l`` (1-based)."""
-        if not 1 <= layer <= self.config.n_layers:
-            raise ValueError(f"layer must be in [1, {self.config.n_layers}], got {layer!r}")
-        return self.blocks[str(layer)]
+        return self.blocks[str(check_int("layer", layer, 1, self.config.n_layers))]
 
     def workspace(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The final workspace ``Phi_L``, shape ``(B, L d)``."""
@@ -405,35 +447,24 @@ class FVTransformer(nn.Module):
         """All hook names in forward order: per layer keys, phi, workspace; then theta_hat, prediction."""
         return list(self._hook_points)
 
-    def hook_point(self, name: str) -> HookPoint:
-        self._check_hook_names([name])
-        return self._hook_points[name]
-
     def _check_hook_names(self, names: Iterable[str]) -> None:
         unknown = [n for n in names if n not in self._hook_points]
         if unknown:
             raise ValueError(f"unknown hook names {unknown}; known: {self.hook_names()}")
-
-    def reset_hooks(self) -> None:
-        """Remove every hook from every hook point."""
-        for hook_point in self._hook_points.values():
-            hook_point.remove_hooks()
 
     @contextlib.contextmanager
     def hooks(self, fwd_hooks: Iterable[tuple[str, HookFn]] = ()):
         """Context manager that adds ``(name, fn)`` hooks and removes them on exit."""
         fwd_hooks = list(fwd_hooks)
         self._check_hook_names([name for name, _ in fwd_hooks])
-        added: list[tuple[HookPoint, HookFn]] = []
+        handles: list[HookHandle] = []
         try:
             for name, fn in fwd_hooks:
-                hook_point = self._hook_points[name]
-                hook_point.add_hook(fn)
-                added.append((hook_point, fn))
+                handles.append(self._hook_points[name].add_hook(fn))
             yield self
         finally:
-            for hook_point, fn in added:
-                hook_point._hook_fns.remove(fn)
+            for handle in handles:
+                handle.remove()
 
     def run_with_hooks(self, batch_or_x, *args, fwd_hooks: Iterable[tuple[str, HookFn]] = ()) -> torch.Tensor:
         """Forward pass (same arguments as :meth:`forward`) with temporary hooks."""
@@ -479,8 +510,7 @@ class FVTransformer(nn.Module):
 def _dim_of(prior_or_dim: Prior | int) -> int:
     if isinstance(prior_or_dim, Prior):
         return prior_or_dim.dim
-    _check_positive_int("dim", prior_or_dim)
-    return prior_or_dim
+    return check_int("dim", prior_or_dim, 1)
 
 
 #: ``kind -> (n_layers, channels, router, decoder)`` as functions of the budget ``M``.
@@ -497,7 +527,7 @@ def model_config(
     """The :class:`ModelConfig` of model ``'A'``, ``'B'`` or ``'C'`` with budget ``M``."""
     if kind not in _LAYOUTS:
         raise ValueError(f"model kind must be one of {MODEL_KINDS}, got {kind!r}")
-    _check_positive_int("budget", budget)
+    check_int("budget", budget, 1)
     n_layers, channels, router, decoder = _LAYOUTS[kind](budget)
     return ModelConfig(_dim_of(prior_or_dim), n_layers, channels, router, decoder, width, hidden_layers)
 

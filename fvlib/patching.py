@@ -1,14 +1,16 @@
-"""Causal interventions and probes on trained models (DESIGN section 6), model side.
+"""Causal interventions and probes on trained models, model side (chapter 10, *Causal
+interventions*; chapter 9, *Inside the model*, for the probes).
 
 Donor and target contexts share their inputs ``x_i`` (and query ``x_q``) but come from
 different leaves. The *split level* ``m`` (1..K) is the first level at which the two *paths*
 visit different nodes: they share the nodes of levels ``0..m-1``; their signs agree on levels
 ``< m - 1``, differ at level ``m - 1``, and are independent and uniform below. ``m = K`` means
-the paths share every internal node and only the last sign (the leaf) differs.
+the paths share every internal node and only the last sign (the leaf) differs. See the book's
+appendix *Conventions*, section "Donor, target and the split level".
 
 * :func:`key_patching_sweep` -- run the donor, cache its keys at layer ``l``, run the target
   with those keys, measure the target's excess loss; sweep ``(m, l)`` into a heatmap
-  ``loss[m, l - 1]``.
+  ``loss[m - 1, l - 1]``.
 * :func:`transplant_workspace` -- replace the target's whole workspace ``Phi_l`` by the
   donor's and measure, level by level, whose ``theta`` the model now predicts.
 * :func:`probe_workspace` -- probes (linear or a small MLP) reading the path signs ``s_k``
@@ -25,17 +27,25 @@ the early patches can cost more (:func:`theory_patching_row` follows one row aga
 
 :func:`theory_patching_sweep` runs the same intervention on the greedy theory policy, on the
 very same donor/target pairs.
+
+Every intervention takes its arguments in one order: the model (when one is patched), then the
+task ``tree, n_ctx, noise_std`` (and the theory policy's depth ``n_layers``), then, by keyword
+only, which patch (``split_level``, ``layer``, ``kind``) and the Monte Carlo controls
+(``contexts``, ``seed``, ``chunk``).
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, replace
 
 import torch
 
-from .models import FVTransformer
+from ._checks import check_int
+from .models import FVTransformer, hook_name
 from .priors import TreePrior
-from .task import TaskBatch, make_generator, sample_task
+from .stats import mean_and_stderr, squared_error
+from .task import TaskBatch, check_task_args, make_generator, sample_task
 from .theory import FiniteSampleChannel, channel_tau2, run_greedy
 
 __all__ = [
@@ -70,20 +80,13 @@ def _check_tree(tree) -> TreePrior:
     return tree
 
 
-def _check_count(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
 def donor_signs(
     tree: TreePrior, target_signs: torch.Tensor, split_level: int, generator: torch.Generator
 ) -> torch.Tensor:
     """Donor paths that share the nodes of levels ``< m`` with ``target_signs (B, K)`` and visit a
     different node at level ``m`` (signs equal before ``m - 1``, flipped at ``m - 1``, uniform
     below); shape ``(B, K)``."""
-    if isinstance(split_level, bool) or not isinstance(split_level, int) or not 1 <= split_level <= tree.depth:
-        raise ValueError(f"split_level must be an integer in [1, {tree.depth}], got {split_level!r}")
+    check_int("split_level", split_level, 1, tree.depth)
     flip = split_level - 1
     fresh = tree.sample_signs(target_signs.shape[0], generator)
     signs = target_signs.clone()
@@ -102,7 +105,7 @@ def patching_pairs(
     Label noise is drawn independently for the two.
     """
     _check_tree(tree)
-    _check_count("n_pairs", n_pairs)
+    check_int("n_pairs", n_pairs, 1)
     target = sample_task(tree, n_pairs, n_ctx, noise_std, generator)
     signs = donor_signs(tree, target.signs, split_level, generator)
     donor = sample_task(tree, n_pairs, n_ctx, noise_std, generator, signs=signs, x=target.x)
@@ -124,25 +127,18 @@ def _replace_with(tensor: torch.Tensor):
 def patch_keys(model: FVTransformer, target: TaskBatch, donor_keys: torch.Tensor, layer: int) -> torch.Tensor:
     """``theta_hat (B, D)`` of the target run with its keys at ``layer`` (1-based) replaced by
     ``donor_keys (B, N, d)``."""
-    name = f"blocks.{model.block(layer).layer}.hook_keys"
+    name = hook_name("keys", model.block(layer).layer)
     with model.hooks([(name, _replace_with(donor_keys))]):
         return model.predict_theta(target)
 
 
 def _sq_error(theta_hat: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
-    """Per-context ``|theta_hat - theta|^2`` as float64 on the CPU, shape ``(B,)``."""
-    return ((theta_hat.double() - theta.double()) ** 2).sum(-1).cpu()
+    """Per-context ``|theta_hat - theta|^2`` in float64 on the CPU, shape ``(B,)``."""
+    return squared_error(theta_hat.double(), theta.double()).cpu()
 
 
 def _chunks(total: int, chunk: int) -> list[int]:
     return [min(chunk, total - start) for start in range(0, total, chunk)]
-
-
-def _mean_and_stderr(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and standard error over the last dimension."""
-    n = values.shape[-1]
-    stderr = values.std(-1) / n**0.5 if n > 1 else torch.full(values.shape[:-1], float("nan"))
-    return values.mean(-1), stderr
 
 
 def _model_device(model: FVTransformer) -> torch.device:
@@ -200,7 +196,7 @@ def _run_sweep(tree, n_layers, n_ctx, noise_std, contexts, seed, chunk, run_pair
     donor)`` (see :func:`_model_patcher`, :func:`_theory_patcher`); shared by the model and
     theory sweeps so both see the same pairs."""
     _check_tree(tree)
-    _check_count("contexts", contexts)
+    check_int("contexts", contexts, 1)
     K, L = tree.depth, n_layers
     generator = make_generator(seed)
     baseline = [[] for _ in range(K)]
@@ -225,9 +221,9 @@ def _collect_sweep(baseline, target_err, donor_err, contexts: int) -> PatchingRe
     """
     errors = torch.stack([torch.stack([torch.cat(cell) for cell in row]) for row in target_err])  # (K, L, n)
     donor_errors = torch.stack([torch.stack([torch.cat(cell) for cell in row]) for row in donor_err])
-    loss, stderr = _mean_and_stderr(errors)
+    loss, stderr = mean_and_stderr(errors)
     baseline_errors = torch.stack([torch.cat(level) for level in baseline])  # (K, n)
-    base_mean, base_stderr = _mean_and_stderr(baseline_errors.flatten())
+    base_mean, base_stderr = mean_and_stderr(baseline_errors.flatten())
     return PatchingResult(
         baseline=float(base_mean),
         baseline_stderr=float(base_stderr),
@@ -245,6 +241,7 @@ def key_patching_sweep(
     tree: TreePrior,
     n_ctx: int,
     noise_std: float,
+    *,
     contexts: int = 2000,
     seed: int = 0,
     chunk: int = DEFAULT_CHUNK,
@@ -263,6 +260,7 @@ def theory_patching_sweep(
     n_ctx: int,
     noise_std: float,
     n_layers: int,
+    *,
     contexts: int = 2000,
     seed: int = 0,
     chunk: int = DEFAULT_CHUNK,
@@ -277,7 +275,7 @@ def theory_patching_sweep(
     ``seed``, so the two heatmaps compare the same contexts. ``n_layers`` is the policy's depth
     (the model's ``L``).
     """
-    _check_count("n_layers", n_layers)
+    check_int("n_layers", n_layers, 1)
     patcher = _theory_patcher(tree, n_layers, channel_tau2(tree, n_ctx, noise_std), range(1, n_layers + 1))
     return _run_sweep(tree, n_layers, n_ctx, noise_std, contexts, seed, chunk, patcher)
 
@@ -289,8 +287,8 @@ def _model_patcher(model: FVTransformer, layers):
 
     def run_pair(target, donor):
         target, donor = target.to(device), donor.to(device)
-        _, donor_cache = model.run_with_cache(donor, names_filter="blocks.*.hook_keys")
-        patched = [patch_keys(model, target, donor_cache[f"blocks.{l}.hook_keys"], l) for l in layers]
+        _, donor_cache = model.run_with_cache(donor, names_filter=hook_name("keys", "*"))
+        patched = [patch_keys(model, target, donor_cache[hook_name("keys", l)], l) for l in layers]
         return model.predict_theta(target), patched, target, donor
 
     return run_pair
@@ -366,9 +364,10 @@ def transplant_workspace(
     tree: TreePrior,
     n_ctx: int,
     noise_std: float,
+    *,
+    split_level: int = 1,
     contexts: int = 2000,
     seed: int = 0,
-    split_level: int = 1,
     chunk: int = DEFAULT_CHUNK,
 ) -> TransplantResult:
     """Replace the target's workspace ``Phi_l`` (``blocks.{l}.hook_workspace``) by the donor's,
@@ -378,7 +377,7 @@ def transplant_workspace(
     signs), so each level's overlap says cleanly whose coefficient the model outputs.
     """
     _check_tree(tree)
-    _check_count("contexts", contexts)
+    check_int("contexts", contexts, 1)
     L = model.config.n_layers
     device = _model_device(model)
     generator = make_generator(seed)
@@ -387,10 +386,10 @@ def transplant_workspace(
         target, donor = (
             b.to(device) for b in patching_pairs(tree, size, split_level, n_ctx, noise_std, generator)
         )
-        _, donor_cache = model.run_with_cache(donor, names_filter="blocks.*.hook_workspace")
+        _, donor_cache = model.run_with_cache(donor, names_filter=hook_name("workspace", "*"))
         base_ov.append(level_overlap(tree, model.predict_theta(target), target.signs))
         for l in range(1, L + 1):
-            name = f"blocks.{l}.hook_workspace"
+            name = hook_name("workspace", l)
             with model.hooks([(name, _replace_with(donor_cache[name]))]):
                 theta_hat = model.predict_theta(target)
             target_ov[l - 1].append(level_overlap(tree, theta_hat, target.signs))
@@ -428,11 +427,11 @@ class LevelEffect:
 @torch.no_grad()
 def patch_level_effect(
     tree: TreePrior,
-    split_level: int,
-    layer: int,
     n_ctx: int,
     noise_std: float,
     *,
+    split_level: int,
+    layer: int,
     model: FVTransformer | None = None,
     n_layers: int | None = None,
     contexts: int = 500,
@@ -446,10 +445,9 @@ def patch_level_effect(
     ``contexts`` pairs drawn with ``seed``.
     """
     _check_tree(tree)
-    _check_count("contexts", contexts)
-    depth = model.config.n_layers if model is not None else _check_count("n_layers", n_layers)
-    if isinstance(layer, bool) or not isinstance(layer, int) or not 1 <= layer <= depth:
-        raise ValueError(f"layer must be an integer in [1, {depth}], got {layer!r}")
+    check_int("contexts", contexts, 1)
+    depth = model.config.n_layers if model is not None else check_int("n_layers", n_layers, 1)
+    check_int("layer", layer, 1, depth)
     run_pair = (
         _model_patcher(model, [layer])
         if model is not None
@@ -568,10 +566,11 @@ def probe_workspace(
     tree: TreePrior,
     n_ctx: int,
     noise_std: float,
+    *,
+    kind: str = "linear",
     contexts: int = 4000,
     seed: int = 0,
     test_fraction: float = 0.5,
-    kind: str = "linear",
     chunk: int = DEFAULT_CHUNK,
 ) -> ProbeResult:
     """Fit probes ``Phi_l -> s_k`` on a train split and score them on a test split, for every
@@ -584,7 +583,7 @@ def probe_workspace(
     see :func:`fit_mlp_probe`.
     """
     _check_tree(tree)
-    _check_count("contexts", contexts)
+    check_int("contexts", contexts, 1)
     if kind not in PROBE_KINDS:
         raise ValueError(f"kind must be one of {PROBE_KINDS}, got {kind!r}")
     if not 0 < test_fraction < 1:
@@ -599,9 +598,9 @@ def probe_workspace(
     workspaces, signs = [[] for _ in range(L)], []
     for size in _chunks(contexts, chunk):
         batch = sample_task(tree, size, n_ctx, noise_std, generator).to(device)
-        _, cache = model.run_with_cache(batch, names_filter="blocks.*.hook_workspace")
+        _, cache = model.run_with_cache(batch, names_filter=hook_name("workspace", "*"))
         for l in range(1, L + 1):
-            workspaces[l - 1].append(cache[f"blocks.{l}.hook_workspace"].cpu())
+            workspaces[l - 1].append(cache[hook_name("workspace", l)].cpu())
         signs.append(batch.signs.cpu())
     labels = torch.cat(signs)
     accuracy = torch.zeros(L, K, dtype=torch.float64)
@@ -616,10 +615,6 @@ def probe_workspace(
 # ----------------------------------------------------------------------------------------
 # The noise-free pattern and one heatmap row against the context length
 # ----------------------------------------------------------------------------------------
-import operator  # noqa: E402  (kept with the functions that use them)
-
-from .task import check_task_args  # noqa: E402
-
 
 def noisefree_patching_loss(tree: TreePrior, split_level: int, n_layers: int) -> torch.Tensor:
     """Expected patched loss of the greedy policy in the noise-free limit (``tau -> 0``).
@@ -636,9 +631,9 @@ def noisefree_patching_loss(tree: TreePrior, split_level: int, n_layers: int) ->
     """
     _check_tree(tree)
     K = tree.depth
-    if isinstance(split_level, bool) or not isinstance(split_level, int) or not 1 <= split_level <= K:
-        raise ValueError(f"split_level must be an integer in [1, {K}], got {split_level!r}")
-    if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers != K:
+    check_int("split_level", split_level, 1, K)
+    check_int("n_layers", n_layers, 1)
+    if n_layers != K:
         raise ValueError(f"the noise-free pattern is derived for n_layers = K = {K}, got {n_layers!r}")
     layers = torch.arange(1, K + 1, dtype=torch.float64)
     loss = tree.alpha ** (K - 1) * 2.0 ** (layers - K)
@@ -809,8 +804,8 @@ def theory_patching_row(
     does not reproduce: the random streams differ).
     """
     _check_tree(tree)
-    _check_count("contexts", contexts)
-    _check_count("n_layers", n_layers)
+    check_int("contexts", contexts, 1)
+    check_int("n_layers", n_layers, 1)
     values = _check_n_ctx_values(n_ctx_values)
     generator = make_generator(seed)
     target_signs = tree.sample_signs(contexts, generator)
@@ -828,10 +823,10 @@ def theory_patching_row(
                       theta_t)
             for l in range(1, n_layers + 1)
         ])  # (L, B)
-        mean, err = _mean_and_stderr(patched)
-        base, base_err = _mean_and_stderr(_sq_error(clean, theta_t))
+        mean, err = mean_and_stderr(patched)
+        base, base_err = mean_and_stderr(_sq_error(clean, theta_t))
         losses.append(mean), errors.append(err), bases.append(base), base_errors.append(base_err)
-        steps.append(_mean_and_stderr(patched[1:] - patched[:-1])[1])
+        steps.append(mean_and_stderr(patched[1:] - patched[:-1])[1])
     return PatchingRow(
         n_ctx=torch.tensor(values),
         loss=torch.stack(losses),

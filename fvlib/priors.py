@@ -1,4 +1,5 @@
-"""Priors over the latent context variable ``theta`` (DESIGN section 3).
+"""Priors over the latent context variable ``theta`` (the book's appendix *Conventions*, section "The tree prior and
+its indexing"; chapter 2, *In-context regression as Bayesian inference*).
 
 Two families:
 
@@ -22,6 +23,8 @@ import math
 from functools import cached_property
 
 import torch
+
+from ._checks import check_int
 
 __all__ = ["Prior", "GaussianPrior", "TreePrior", "MAX_TREE_DEPTH", "make_prior"]
 
@@ -50,12 +53,6 @@ class Prior:
         return float(torch.diagonal(self.second_moment()).sum())
 
 
-def _check_batch(batch: int) -> int:
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"batch must be a positive integer, got {batch!r}")
-    return batch
-
-
 class GaussianPrior(Prior):
     """``theta ~ N(0, cov)`` with a symmetric positive semi-definite ``(D, D)`` covariance."""
 
@@ -77,8 +74,7 @@ class GaussianPrior(Prior):
     @classmethod
     def isotropic(cls, dim: int, variance: float = 1.0) -> "GaussianPrior":
         """``N(0, variance * I_dim)``."""
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
-            raise ValueError(f"dim must be a positive integer, got {dim!r}")
+        check_int("dim", dim, 1)
         if not variance > 0:
             raise ValueError(f"variance must be positive, got {variance!r}")
         return cls(variance * torch.eye(dim, dtype=torch.float64), name="gaussian")
@@ -102,7 +98,7 @@ class GaussianPrior(Prior):
         return self.cov
 
     def sample(self, batch: int, generator: torch.Generator) -> torch.Tensor:
-        z = torch.randn(_check_batch(batch), self.dim, generator=generator, dtype=torch.float64)
+        z = torch.randn(check_int("batch", batch, 1), self.dim, generator=generator, dtype=torch.float64)
         return z @ self._factor.T
 
     def __repr__(self) -> str:
@@ -117,8 +113,7 @@ class TreePrior(Prior):
     """
 
     def __init__(self, depth: int, alpha: float):
-        if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= MAX_TREE_DEPTH:
-            raise ValueError(f"depth must be an integer in [1, {MAX_TREE_DEPTH}], got {depth!r}")
+        check_int("depth", depth, 1, MAX_TREE_DEPTH)
         alpha = float(alpha)
         if not (0.0 < alpha <= 1.0) or math.isnan(alpha):
             raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
@@ -203,7 +198,7 @@ class TreePrior(Prior):
 
     def sample_signs(self, batch: int, generator: torch.Generator) -> torch.Tensor:
         """Uniform sign paths, shape ``(batch, K)``."""
-        bits = torch.randint(0, 2, (_check_batch(batch), self.depth), generator=generator)
+        bits = torch.randint(0, 2, (check_int("batch", batch, 1), self.depth), generator=generator)
         return 2 * bits - 1
 
     def sample(self, batch: int, generator: torch.Generator) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""The in-context regression task (DESIGN section 2).
+"""The in-context regression task (the book's appendix *Conventions*, section "The task and the loss";
+chapter 2, *In-context regression as Bayesian inference*).
 
 A context holds ``N`` tokens ``z_i = (x_i, y_i)`` with ``x_i ~ N(0, I_D)`` and
 ``y_i = <theta, x_i> + sigma * eps_i``; a query ``x_q`` has the same law and the target is
@@ -12,11 +13,11 @@ be compared on the very same contexts.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 import torch
 
+from ._checks import check_int, check_number
 from .priors import Prior, TreePrior
 
 __all__ = ["TaskBatch", "sample_task", "check_task_args", "make_generator"]
@@ -24,8 +25,7 @@ __all__ = ["TaskBatch", "sample_task", "check_task_args", "make_generator"]
 
 def make_generator(seed: int, device: str | torch.device = "cpu") -> torch.Generator:
     """A seeded :class:`torch.Generator` (the only source of randomness in fvlib)."""
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
+    check_int("seed", seed)
     return torch.Generator(device=device).manual_seed(seed)
 
 
@@ -84,10 +84,8 @@ class TaskBatch:
 
 def check_task_args(n_ctx: int, noise_std: float) -> None:
     """Raise ``ValueError`` naming the bad value for a bad context length or noise level."""
-    if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 1:
-        raise ValueError(f"n_ctx must be a positive integer, got {n_ctx!r}")
-    if not (isinstance(noise_std, (int, float)) and math.isfinite(noise_std) and noise_std >= 0):
-        raise ValueError(f"noise_std must be a finite number >= 0, got {noise_std!r}")
+    check_int("n_ctx", n_ctx, 1)
+    check_number("noise_std", noise_std, 0)
 
 
 def sample_task(

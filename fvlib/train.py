@@ -1,4 +1,5 @@
-"""Training models A, B, C on in-context regression (DESIGN section 5).
+"""Training models A, B, C on in-context regression (chapter 8, *Experiments*; the book's appendix *Conventions*,
+section "Models A, B, C").
 
 * Fresh contexts every step (infinite data) from a seeded :class:`torch.Generator`.
 * Loss: the query-token loss ``(y_hat_q - y_q)^2``, averaged over the batch and over
@@ -38,8 +39,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
+from ._checks import check_int, check_number, is_int
 from .models import MODEL_KINDS, FVTransformer, ModelConfig, model_config
 from .priors import Prior, TreePrior, make_prior
+from .stats import mean_and_stderr, squared_error
 from .task import TaskBatch, check_task_args, make_generator, sample_task
 from .theory import channel_tau2, evaluate_strategies, gaussian_coordinate_loss
 
@@ -85,10 +88,6 @@ class RunDirError(ValueError):
 # ----------------------------------------------------------------------------------------
 # Configuration
 # ----------------------------------------------------------------------------------------
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything that defines a training run (JSON-serialisable).
@@ -145,13 +144,9 @@ class TrainConfig:
             "eval_contexts",
             "checkpoint_every",
         ):
-            value = getattr(self, name)
-            if not _is_int(value) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not _is_int(self.seed) or self.seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+            check_int(name, getattr(self, name), 1)
+        check_int("seed", self.seed, 0)
+        check_number("lr", self.lr, 0, low_open=True)
         if not isinstance(self.device, str):
             raise ValueError(f"device must be a string, got {self.device!r}")
         check_task_args(self.n_ctx, self.noise_std)
@@ -267,18 +262,17 @@ def _evaluate_batches(model: FVTransformer, batches: list[TaskBatch]) -> dict:
     for batch in batches:
         batch = batch.to(device)
         theta_hat = model.predict_theta(batch)
-        excess.append(((theta_hat - batch.theta) ** 2).sum(-1).double().cpu())
+        excess.append(squared_error(theta_hat, batch.theta).double().cpu())
         y_hat = (theta_hat * batch.x_query).sum(-1)
         query.append(((y_hat - batch.y_query) ** 2).double().cpu())
     model.train(was_training)
     excess_all, query_all = torch.cat(excess), torch.cat(query)
-    n = excess_all.numel()
-    stderr = float(excess_all.std() / math.sqrt(n)) if n > 1 else float("nan")
+    excess_loss, stderr = mean_and_stderr(excess_all)
     return {
-        "excess_loss": float(excess_all.mean()),
-        "stderr": stderr,
+        "excess_loss": float(excess_loss),
+        "stderr": float(stderr),
         "query_loss": float(query_all.mean()),
-        "contexts": n,
+        "contexts": excess_all.numel(),
     }
 
 
@@ -292,8 +286,7 @@ def evaluate(
         error), ``query_loss`` (``E(y_hat_q - y_q)^2``, about ``noise_std^2 + excess_loss``)
         and ``contexts``.
     """
-    if not _is_int(contexts) or contexts < 1:
-        raise ValueError(f"contexts must be a positive integer, got {contexts!r}")
+    check_int("contexts", contexts, 1)
     return _evaluate_batches(model, _sample_eval_batches(prior, n_ctx, noise_std, contexts, seed))
 
 
@@ -402,7 +395,7 @@ def _read_history(run_dir: Path) -> tuple[int, list[dict]]:
     if (
         not isinstance(payload, dict)
         or not isinstance(payload.get("history"), list)
-        or not _is_int(payload.get("step"))
+        or not is_int(payload.get("step"))
     ):
         raise RunDirError(f"invalid history in {run_dir / HISTORY_FILE}")
     return payload["step"], payload["history"]
@@ -595,8 +588,7 @@ def train(
     if not isinstance(config, TrainConfig):
         raise ValueError(f"config must be a TrainConfig, got {type(config).__name__}")
     stop = config.steps if until_step is None else until_step
-    if not _is_int(stop) or not 1 <= stop <= config.steps:
-        raise ValueError(f"until_step must be an integer in [1, {config.steps}], got {until_step!r}")
+    check_int("until_step", stop, 1, config.steps)
     run = _Run(config, Path(out_dir) if out_dir is not None else None, resume)
     if not run.history:
         run.record_eval()
@@ -628,7 +620,7 @@ def train(
     )
 
 
-#: The theory baseline each model is measured against (DESIGN section 7).
+#: The theory baseline each model is measured against (chapter 8, *Experiments*).
 MATCHING_BASELINE = {"A": "adaptive_greedy", "B": "nonadaptive_opt", "C": "lmmse"}
 
 

@@ -38,6 +38,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from tqdm.notebook import tqdm as notebook_tqdm
 
+from ._checks import check_int, check_number
 from .patching import PatchingResult, key_patching_sweep, patch_level_effect, theory_patching_sweep
 from .plots.decay import decay_sweep, plot_decay
 from .plots.experiments import MODEL_COLORS
@@ -164,13 +165,6 @@ def _check_in(name: str, value, options) -> None:
         raise ValueError(f"{name} must be one of {list(options)}, got {value!r}")
 
 
-def _check_range(name: str, value, low, high, integer: bool = False) -> None:
-    bad_type = isinstance(value, bool) or not isinstance(value, int if integer else (int, float))
-    if bad_type or not low <= value <= high:
-        kind = "an integer" if integer else "a number"
-        raise ValueError(f"{name} must be {kind} in [{low}, {high}], got {value!r}")
-
-
 # ----------------------------------------------------------------------------------------
 # Prior explorer
 # ----------------------------------------------------------------------------------------
@@ -221,9 +215,9 @@ def prior_explorer(depth: int = 4, alpha: float = 0.5, seed: int = 0) -> Explore
     ``summary`` holds ``depth``, ``alpha``, ``dim``, ``energy``, ``signs``, ``theta``,
     ``twin_theta`` and ``nonzero`` (non-zero coordinates of the tree sample, always ``K``).
     """
-    _check_range("depth", depth, 2, 7, integer=True)
-    _check_range("alpha", alpha, 0.05, 1.0)
-    _check_range("seed", seed, 0, 10_000, integer=True)
+    check_int("depth", depth, 2, 7)
+    check_number("alpha", alpha, 0.05, 1.0)
+    check_int("seed", seed, 0, 10_000)
     controls = {
         "depth": _slider(widgets.IntSlider, depth, 2, 7, 1, "depth K"),
         "alpha": _slider(widgets.FloatSlider, alpha, 0.05, 1.0, 0.05, "alpha", ".2f"),
@@ -292,13 +286,13 @@ def strategy_explorer(
     ``summary`` holds ``budgets``, ``tau2``, ``samples``, ``mean`` and ``stderr`` (per strategy,
     one entry per budget) and ``final`` (the three losses at the largest budget).
     """
-    _check_range("depth", depth, 2, 8, integer=True)
+    check_int("depth", depth, 2, 8)
     dim = 2**depth - 1
-    _check_range("budget", budget, 1, dim, integer=True)
-    _check_range("alpha", alpha, 0.05, 1.0)
+    check_int("budget", budget, 1, dim)
+    check_number("alpha", alpha, 0.05, 1.0)
     _check_in("n_ctx", n_ctx, N_CTX_OPTIONS)
-    _check_range("noise_std", noise_std, 0.0, 2.0)
-    _check_range("samples", samples, 2, 100_000, integer=True)
+    check_number("noise_std", noise_std, 0.0, 2.0)
+    check_int("samples", samples, 2, 100_000)
     controls = {
         "budget": _slider(widgets.IntSlider, budget, 1, min(dim, 12), 1, "budget M"),
         "alpha": _slider(widgets.FloatSlider, alpha, 0.05, 1.0, 0.05, "alpha", ".2f"),
@@ -501,13 +495,13 @@ def training_explorer(
             raise ValueError(f"base must be a TrainConfig, got {base!r}")
         model, prior, steps, fixed_eval = base.model, base.prior, base.steps, True
     else:
-        _check_range("steps", steps, 100, 5000, integer=True)
+        check_int("steps", steps, 100, 5000)
         base = TrainConfig.from_dict({"model": model, "prior": prior, "steps": steps, "depth": depth,
                                       "budget": budget, "n_ctx": n_ctx, "noise_std": noise_std,
                                       "eval_contexts": 512, **config})
         fixed_eval = "eval_every" in config
-    _check_range("steps", steps, 100, 5000, integer=True)
-    _check_range("reference_samples", reference_samples, 2, 100_000, integer=True)
+    check_int("steps", steps, 100, 5000)
+    check_int("reference_samples", reference_samples, 2, 100_000)
     return TrainingExplorer(base, run_root, reference_samples, fixed_eval)
 
 
@@ -522,8 +516,8 @@ def _patching_drawer(tree: TreePrior, n_ctx: int, noise_std: float, n_layers: in
     def draw(split_level: int, layer: int) -> tuple[Figure, dict, str]:
         key = (split_level, layer)
         if key not in effects:
-            effects[key] = patch_level_effect(tree, split_level, layer, n_ctx, noise_std, model=model,
-                                              n_layers=n_layers, contexts=contexts, seed=seed)
+            effects[key] = patch_level_effect(tree, n_ctx, noise_std, split_level=split_level, layer=layer,
+                                              model=model, n_layers=n_layers, contexts=contexts, seed=seed)
         effect = effects[key]
         main = sweeps["model"] if model is not None else sweeps["theory"]
         figure = Figure(figsize=(12.5, 3.7))
@@ -601,10 +595,10 @@ def patching_explorer(
     if not isinstance(tree, TreePrior):
         raise ValueError(f"tree must be a TreePrior, got {tree!r}")
     n_layers = model.config.n_layers if model is not None else (tree.depth if n_layers is None else n_layers)
-    _check_range("n_layers", n_layers, 1, 64, integer=True)
-    _check_range("split_level", split_level, 1, tree.depth, integer=True)
-    _check_range("layer", layer, 1, n_layers, integer=True)
-    _check_range("contexts", contexts, 2, 100_000, integer=True)
+    check_int("n_layers", n_layers, 1, 64)
+    check_int("split_level", split_level, 1, tree.depth)
+    check_int("layer", layer, 1, n_layers)
+    check_int("contexts", contexts, 2, 100_000)
     sweeps = {}
     if model is not None:
         sweeps["model"] = sweep if sweep is not None else key_patching_sweep(

@@ -1,4 +1,4 @@
-"""The command-line contract of DESIGN section 8."""
+"""The command-line contract of the book's appendix *Conventions*, section "The command line"."""
 
 import json
 import subprocess

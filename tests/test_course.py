@@ -22,7 +22,7 @@ from fvlib.course import (
 from fvlib.patching import patching_pairs, theory_patching_sweep
 from fvlib.theory import FiniteSampleChannel, channel_tau2, dp_value, greedy_value, run_greedy
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 def failed_with(result: CheckResult, diagnosis: str | None = None, *words: str) -> bool:

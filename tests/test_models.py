@@ -6,7 +6,16 @@ import pytest
 import torch
 
 from fvlib import make_generator, make_prior, sample_task
-from fvlib.models import ActivationCache, FVTransformer, ModelConfig, make_model, model_a, model_b, model_c
+from fvlib.models import (
+    ActivationCache,
+    FVTransformer,
+    ModelConfig,
+    hook_name,
+    make_model,
+    model_a,
+    model_b,
+    model_c,
+)
 
 K, M, N, B = 3, 3, 16, 5
 D = 2**K - 1
@@ -273,3 +282,31 @@ def test_block_numbering_is_one_based():
     assert model.block(1).hook_keys.name == "blocks.1.hook_keys"
     with pytest.raises(ValueError, match="layer"):
         model.block(0)
+
+
+def test_hook_names_come_from_one_helper():
+    model = seeded_model("A")
+    kinds = ("keys", "phi", "workspace")
+    layers = [hook_name(kind, l) for l in range(1, M + 1) for kind in kinds]
+    assert model.hook_names() == layers + [hook_name("theta_hat"), hook_name("prediction")]
+    assert hook_name("keys", 2) == "blocks.2.hook_keys" and hook_name("phi", "*") == "blocks.*.hook_phi"
+    for kind, layer in (("keys", 0), ("keys", None), ("theta_hat", 1), ("values", 1)):
+        with pytest.raises(ValueError, match=repr(kind if kind == "values" else layer)):
+            hook_name(kind, layer)
+
+
+def test_a_hook_handle_removes_exactly_its_hook(batch):
+    model = seeded_model("A")
+    clean = model(batch)
+    shift = lambda t, hook: t + 0.5  # noqa: E731
+    point = model.block(1).hook_phi
+    first, second = point.add_hook(shift), point.add_hook(shift)  # the same function twice
+    twice = model(batch)
+    first.remove()
+    once = model.run_with_hooks(batch, fwd_hooks=[])
+    with model.hooks([("blocks.1.hook_phi", shift)]):
+        assert torch.equal(model(batch), twice)
+    assert torch.equal(model(batch), once)  # the context manager took out only its own hook
+    second.remove()
+    second.remove()  # removing again does nothing
+    assert torch.equal(model(batch), clean) and not torch.equal(once, clean)

@@ -204,8 +204,8 @@ def test_theory_sweep_uses_the_same_pairs_as_the_model_sweep(random_a):
 
 def test_patch_level_effect_resolves_a_cell_by_level():
     tree = TreePrior(4, 0.5)
-    before = patch_level_effect(tree, 2, 2, 128, 0.0, n_layers=4, contexts=300)
-    after = patch_level_effect(tree, 2, 4, 128, 0.0, n_layers=4, contexts=300)
+    before = patch_level_effect(tree, 128, 0.0, split_level=2, layer=2, n_layers=4, contexts=300)
+    after = patch_level_effect(tree, 128, 0.0, split_level=2, layer=4, n_layers=4, contexts=300)
     # l <= m: the patched measurement is the target's own node, nothing changes
     assert torch.allclose(before.target, before.baseline)
     # l > m: levels measured before layer l keep the target's coefficients, deeper ones suffer
@@ -217,4 +217,4 @@ def test_patch_level_effect_resolves_a_cell_by_level():
 
 def test_patch_level_effect_rejects_a_bad_layer():
     with pytest.raises(ValueError, match="layer must be an integer in \\[1, 3\\], got 4"):
-        patch_level_effect(TreePrior(3, 0.5), 1, 4, 64, 0.0, n_layers=3)
+        patch_level_effect(TreePrior(3, 0.5), 64, 0.0, split_level=1, layer=4, n_layers=3)

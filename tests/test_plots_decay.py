@@ -8,7 +8,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 from fvlib import TreePrior  # noqa: E402
 from fvlib.plots.decay import (  # noqa: E402
@@ -86,13 +85,11 @@ def test_advantage_sweep_and_heatmap():
     assert im2.get_array().shape == (2, 2)
 
 
+# The direction optimisation is many tiny steps: threads only cost. The fixture is module-scoped
+# (see conftest.py), so this test stays the last of the module.
+@pytest.mark.usefixtures("one_thread")
 def test_advantage_sweep_against_optimised_directions():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the direction optimisation is many tiny steps: threads only cost
-    try:
-        grid = advantage_sweep([0.5], [64], depth=3, budget=2, samples=100, seed=0, baseline="nonadaptive_opt")
-    finally:
-        torch.set_num_threads(threads)
+    grid = advantage_sweep([0.5], [64], depth=3, budget=2, samples=100, seed=0, baseline="nonadaptive_opt")
     assert grid.baseline_name == "nonadaptive_opt" and grid.ratio.shape == (1, 1)
     assert np.isnan(grid.noisefree_ratio).all()  # no closed form for optimised directions
     im = plot_advantage_heatmap(grid)

@@ -1,4 +1,5 @@
-"""Priors and the task: conventions of DESIGN sections 2-3."""
+"""Priors and the task: the conventions of the book's appendix *Conventions*, sections "The task and the loss" and
+"The tree prior and its indexing"."""
 
 import math
 

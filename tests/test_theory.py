@@ -1,4 +1,4 @@
-"""The theory core: posteriors, strategies, closed forms, DP and fits (DESIGN sections 4 and 7)."""
+"""The theory core: posteriors, strategies, closed forms, DP and fits (chapters 2 and 4-6)."""
 
 import math
 
@@ -197,7 +197,7 @@ def test_quadrature_matches_monte_carlo_for_greedy():
 
 @pytest.mark.slow
 def test_dp_reference_values_tau_06():
-    """DESIGN section 7: K = 3, alpha = 0.5, L = 3, tau = 0.6: DP ~ 0.34, greedy ~ 0.49."""
+    """Chapter 4 (*Choosing what to measure*): K = 3, alpha = 0.5, L = 3, tau = 0.6: DP ~ 0.34, greedy ~ 0.49."""
     tree = TreePrior(3, 0.5)
     dp, greedy = dp_value(tree, 3, 0.6), greedy_value(tree, 3, 0.6)
     assert dp == pytest.approx(0.34, abs=0.01)

@@ -155,7 +155,7 @@ def test_model_a_beats_the_zero_predictor():
 def test_model_c_tracks_the_linear_closed_form():
     """C is linear: it can only reach the LMMSE of its M best coordinates (Gaussian twin).
 
-    DESIGN's closed form uses the noise ``tau2 = (E|theta|^2 + sigma^2) / N`` per measurement;
+    The closed form uses the noise ``tau2 = (E|theta|^2 + sigma^2) / N`` per measurement;
     at finite N the measurement of node n has the extra variance ``v_n / N`` (the
     ``theta theta^T / N`` term), which the trained model should match more tightly.
     """

@@ -1,5 +1,5 @@
-"""The architecture of models A, B and C as a diagram, and parameter counts (the book's
-chapter "From theory to architecture"; conventions in the appendix "Conventions").
+"""The architecture of models A, B and C as a diagram, and parameter counts (chapter 7, *From
+theory to architecture*; the book's appendix *Conventions*, section "Models A, B, C").
 
 * :func:`draw_architecture` -- a block diagram of an :class:`fvlib.models.FVTransformer` with
   ``L`` layers: tokens ``(x_i, y_i)``, router ``G_l(Phi_{l-1})`` producing keys, values ``y_i``,

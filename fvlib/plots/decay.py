@@ -1,4 +1,5 @@
-"""Decay of the excess loss with depth and budget: ``alpha^L`` versus a power law (chapter 6 of the book).
+"""Decay of the excess loss with depth and budget: ``alpha^L`` versus a power law (chapter 6,
+*Tree prior*).
 
 Experiment loops and figures of the tree-prior chapter:
 

@@ -1,5 +1,5 @@
-"""Training experiments of models A, B, C and their theory overlays (the book's chapters
-"Experiments" and "Gaussian prior"; conventions in the appendix "Conventions").
+"""Training experiments of models A, B, C and their theory overlays (chapters 5, *Gaussian
+prior*, and 8, *Experiments*; the book's appendix *Conventions*, sections "Models A, B, C" and "Strategies and their names").
 
 Experiment loops and figures of the chapters "Gaussian prior: depth does not help" and
 "Experiments: A vs B vs C":

@@ -1,5 +1,5 @@
 """Figures and summaries for causal interventions: key patching and workspace transplant
-(DESIGN section 6).
+(chapter 10, *Causal interventions*; the book's appendix *Conventions*, section "Donor, target and the split level").
 
 * :func:`patching_ratio` -- the heatmap of a :class:`fvlib.patching.PatchingResult` as a ratio
   to the unpatched loss of the same targets;
@@ -168,14 +168,16 @@ def measurement_profile(model, tree, batch):
     """
     import torch
 
+    from ..models import hook_name
+
     if model.config.router != "gated":
         raise ValueError(f"measurement_profile needs a gated router, got {model.config.router!r}")
     with torch.no_grad():
-        _, cache = model.run_with_cache(batch, names_filter="blocks.*.hook_workspace")
+        _, cache = model.run_with_cache(batch, names_filter=hook_name("workspace", "*"))
         nodes = tree.path_nodes(batch.signs.cpu())  # (B, K)
         rows = []
         for l in range(1, model.config.n_layers + 1):
-            previous = cache[f"blocks.{l - 1}.hook_workspace"] if l > 1 else batch.x.new_zeros(batch.x.shape[0], 0)
+            previous = cache[hook_name("workspace", l - 1)] if l > 1 else batch.x.new_zeros(batch.x.shape[0], 0)
             weight = (model.block(l).router.matrix(previous.to(batch.x.dtype)) ** 2).sum(1).double().cpu()  # (B, D)
             weight = weight / weight.sum(-1, keepdim=True)
             on_path = weight.gather(-1, nodes)  # (B, K)
@@ -196,11 +198,13 @@ def workspace_projections(model, batch, components: int = 2) -> list[dict]:
     """
     import torch
 
+    from ..models import hook_name
+
     with torch.no_grad():
-        _, cache = model.run_with_cache(batch, names_filter="blocks.*.hook_workspace")
+        _, cache = model.run_with_cache(batch, names_filter=hook_name("workspace", "*"))
     out = []
     for l in range(1, model.config.n_layers + 1):
-        phi = cache[f"blocks.{l}.hook_workspace"].double().cpu()
+        phi = cache[hook_name("workspace", l)].double().cpu()
         centred = phi - phi.mean(0)
         _, s, vh = torch.linalg.svd(centred, full_matrices=False)
         c = min(components, vh.shape[0])

@@ -23,6 +23,8 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.patches import Patch
 
+from .._checks import check_int
+
 __all__ = [
     "OKABE_ITO",
     "tree_node_positions",
@@ -61,8 +63,7 @@ def tree_node_positions(depth: int) -> dict[int, tuple[float, float]]:
     ``2^K - 1`` internal nodes and, after them, the ``2^K`` leaves (heap ids continued, row
     ``y = -K``), so every child id ``2n+1``, ``2n+2`` has a position.
     """
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-        raise ValueError(f"depth must be a positive integer, got {depth!r}")
+    check_int("depth", depth, 1)
     pos = {}
     for k in range(depth + 1):
         for j in range(2**k):

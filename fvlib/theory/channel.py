@@ -1,5 +1,5 @@
-"""How a layer's measurement ``phi_l`` is observed (the book's mean-field chapter and its
-conventions appendix, "Measurements and the channel").
+"""How a layer's measurement ``phi_l`` is observed (the book's appendix *Conventions*, section "Measurements and the
+channel").
 
 Two observation models share one interface, ``measure_nodes(nodes)`` for coordinate actions
 and ``measure(W)`` for general directions:

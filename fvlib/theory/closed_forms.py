@@ -1,4 +1,6 @@
-"""Closed forms (chapters 5 and 6 of the book): noise-free tree losses, Gaussian posteriors."""
+"""Closed forms: the channel noise ``tau^2`` (the book's appendix *Conventions*, section "Measurements and the
+channel"), the noise-free tree losses (chapter 6, *Tree prior*) and the Gaussian posteriors
+(chapter 5, *Gaussian prior*)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import math
 import numpy as np
 import torch
 
+from .._checks import check_int
 from ..priors import Prior, TreePrior
 from ..task import check_task_args
 
@@ -25,12 +28,6 @@ __all__ = [
 ]
 
 
-def _check_budget(budget: int) -> int:
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-        raise ValueError(f"budget must be a positive integer, got {budget!r}")
-    return budget
-
-
 def channel_tau2(prior: Prior, n_ctx: int, noise_std: float) -> float:
     """Gaussian-channel noise variance ``tau^2 = (E|theta|^2 + sigma^2) / N``."""
     check_task_args(n_ctx, noise_std)
@@ -39,7 +36,7 @@ def channel_tau2(prior: Prior, n_ctx: int, noise_std: float) -> float:
 
 def noisefree_adaptive_loss(tree: TreePrior, n_layers: int) -> float:
     """Adaptive greedy, no channel noise, ``L`` layers: ``sum_{k >= L} alpha^k`` (~ alpha^L)."""
-    _check_budget(n_layers)
+    check_int("budget", n_layers, 1)
     return float(sum(tree.alpha**k for k in range(n_layers, tree.depth)))
 
 
@@ -50,7 +47,7 @@ def noisefree_nonadaptive_loss(tree: TreePrior, budget: int) -> float:
     Heap order is *not* the best fixed coordinate set (see :func:`best_fixed_nodes`); this
     is the loss of the ``nonadaptive_coord`` strategy without noise.
     """
-    _check_budget(budget)
+    check_int("budget", budget, 1)
     if budget >= tree.dim:
         return 0.0
     m = (budget + 1).bit_length() - 1  # largest m with 2^m - 1 <= M
@@ -170,11 +167,10 @@ def best_fixed_nodes(tree: TreePrior, budget: int, *, exact_limit: int = 20_000)
     never worse than heap order; for ``K = 5``, ``M <= 6`` it equals the exact optimum.
     """
     tree = _check_tree(tree)
-    _check_budget(budget)
+    check_int("budget", budget, 1)
     if budget > tree.dim:
         raise ValueError(f"budget must be <= D = {tree.dim}, got {budget}")
-    if isinstance(exact_limit, bool) or not isinstance(exact_limit, int) or exact_limit < 1:
-        raise ValueError(f"exact_limit must be a positive integer, got {exact_limit!r}")
+    check_int("exact_limit", exact_limit, 1)
     D, M = tree.dim, budget
     tol = 1e-12
     if math.comb(D, M) <= exact_limit:
@@ -238,7 +234,7 @@ def gaussian_coordinate_loss(variances: torch.Tensor, budget: int, tau2: float) 
 
     ``sum(unmeasured v) + sum(measured v * tau2 / (v + tau2))``.
     """
-    _check_budget(budget)
+    check_int("budget", budget, 1)
     v = torch.sort(torch.as_tensor(variances, dtype=torch.float64), descending=True).values
     measured, unmeasured = v[:budget], v[budget:]
     return float(unmeasured.sum() + (measured * tau2 / (measured + tau2)).sum())

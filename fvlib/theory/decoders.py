@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .._checks import check_int
+
 __all__ = ["RadialDecoder", "fit_radial_decoder", "MAX_RADIAL_DEGREE"]
 
 #: Highest polynomial degree accepted (higher powers of ``|g_hat|^2`` are ill-conditioned).
@@ -106,8 +108,7 @@ def fit_radial_decoder(stats, thetas, degree: int = 4) -> RadialDecoder:
         ValueError: on a bad degree, shapes that are not ``(B, D)`` or differ, non-finite
             entries, or fewer than ``2 (degree + 1)`` draws.
     """
-    if isinstance(degree, bool) or not isinstance(degree, int) or not 0 <= degree <= MAX_RADIAL_DEGREE:
-        raise ValueError(f"degree must be an integer in [0, {MAX_RADIAL_DEGREE}], got {degree!r}")
+    check_int("degree", degree, 0, MAX_RADIAL_DEGREE)
     stats = _as_stats("stats", stats)
     thetas = _as_stats("thetas", thetas)
     if stats.shape != thetas.shape:

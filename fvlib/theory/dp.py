@@ -1,5 +1,5 @@
-"""Dynamic programming over coordinate actions, for small trees (the book's chapter on dynamic
-programming).
+"""Dynamic programming over coordinate actions, for small trees (chapter 4, *Choosing what to
+measure*).
 
 Setting: the Gaussian channel with noise std ``tau`` given directly; each of the ``L`` layers
 measures one node ``a`` and observes ``phi ~ N(theta[a], tau^2)`` (fresh noise, so measuring a
@@ -32,6 +32,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from .._checks import check_int, check_number
 from ..priors import TreePrior
 from .posteriors import leaf_values_at, posterior_probs, tree_posterior_variance, uniform_log_weights
 from .strategies import greedy_action
@@ -50,16 +51,13 @@ def _check(tree: TreePrior, n_layers: int, tau: float, quad_points: int, rule: s
         raise ValueError(f"the DP needs a TreePrior, got {tree!r}")
     if tree.depth > MAX_DP_DEPTH:
         raise ValueError(f"the exact DP supports tree depth <= {MAX_DP_DEPTH}, got depth {tree.depth}")
-    if isinstance(n_layers, bool) or not isinstance(n_layers, int) or not 1 <= n_layers <= min(4, tree.dim):
-        raise ValueError(f"n_layers must be an integer in [1, {min(4, tree.dim)}], got {n_layers!r}")
-    if not (isinstance(tau, (int, float)) and math.isfinite(tau) and tau > 0):
-        raise ValueError(f"tau must be a positive number, got {tau!r}")
+    check_int("n_layers", n_layers, 1, min(4, tree.dim))
+    check_number("tau", tau, 0, low_open=True)
     if rule not in ("hermite", "grid"):
         raise ValueError(f"rule must be 'hermite' or 'grid', got {rule!r}")
     # numpy's Gauss-Hermite weights overflow beyond a few hundred points; the grid has no such limit
     most = MAX_HERMITE_POINTS if rule == "hermite" else MAX_GRID_POINTS
-    if isinstance(quad_points, bool) or not isinstance(quad_points, int) or not 2 <= quad_points <= most:
-        raise ValueError(f"quad_points must be an integer in [2, {most}] for rule {rule!r}, got {quad_points!r}")
+    check_int(f"quad_points (rule {rule!r})", quad_points, 2, most)
     return quad_points, rule
 
 

@@ -1,4 +1,5 @@
-"""Tell exponential from power-law decay (DESIGN section 4: ``alpha^L`` versus ``M^(log2 alpha)``).
+"""Tell exponential from power-law decay: ``alpha^L`` versus ``M^(log2 alpha)`` (chapter 6,
+*Tree prior*).
 
 Both laws are straight lines after a log transform: ``log y = a - r x`` (exponential, a line on
 semilog axes) and ``log y = a + p log x`` (power law, a line on log-log axes). We fit both by

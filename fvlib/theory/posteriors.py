@@ -1,4 +1,5 @@
-"""Exact Bayes posteriors (DESIGN section 4).
+"""Exact Bayes posteriors (chapter 2, *In-context regression as Bayesian inference*, and
+chapter 6, *Tree prior*).
 
 Tree prior: the posterior is a distribution over the ``2^K`` leaves, kept as log-weights
 ``(B, 2^K)`` and normalised with log-sum-exp, which stays stable for ``K`` up to 12 and

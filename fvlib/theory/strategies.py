@@ -1,4 +1,5 @@
-"""Measurement strategies and their Monte Carlo excess losses (chapters 4 to 6 of the book).
+"""Measurement strategies and their Monte Carlo excess losses (the book's appendix *Conventions*, section
+"Strategies and their names"; chapter 6, *Tree prior*).
 
 Every strategy spends a budget of ``M`` scalar measurements (one per layer for the adaptive
 ones) and decodes with the exact Bayes posterior under the Gaussian-channel likelihood
@@ -17,10 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
+from .._checks import check_int
 from ..priors import TreePrior
+from ..stats import mean_and_stderr, squared_error
 from .channel import FiniteSampleChannel, GaussianChannel, sample_statistic
 from .closed_forms import (
-    _check_budget,
     _check_nodes,
     best_fixed_nodes,
     channel_tau2,
@@ -75,9 +77,8 @@ class Estimate:
     @classmethod
     def of(cls, values: torch.Tensor) -> "Estimate":
         values = values.double().flatten()
-        n = values.numel()
-        stderr = float(values.std(unbiased=True) / math.sqrt(n)) if n > 1 else float("nan")
-        return cls(float(values.mean()), stderr, n)
+        mean, stderr = mean_and_stderr(values)
+        return cls(float(mean), float(stderr), values.numel())
 
     def __float__(self) -> float:
         return self.mean
@@ -126,7 +127,7 @@ def run_greedy(tree: TreePrior, channel, n_layers: int, tau2: float, forced: dic
         forced: optional ``{layer: nodes (B,)}`` with 1-based layers; at those layers the given
             nodes are measured instead of the greedy choice (the key-patching intervention).
     """
-    _check_budget(n_layers)
+    check_int("budget", n_layers, 1)
     if n_layers > tree.dim:
         raise ValueError(f"budget must be <= D = {tree.dim} for coordinate strategies, got {n_layers}")
     batch = _channel_batch(channel)
@@ -159,7 +160,7 @@ def nonadaptive_nodes(tree_or_dim, budget: int) -> torch.Tensor:
     coordinates: see :func:`~fvlib.theory.closed_forms.best_fixed_nodes`.
     """
     dim = tree_or_dim if isinstance(tree_or_dim, int) else tree_or_dim.dim
-    _check_budget(budget)
+    check_int("budget", budget, 1)
     if budget > dim:
         raise ValueError(f"budget must be <= D = {dim} for coordinate strategies, got {budget}")
     return torch.arange(budget)
@@ -206,7 +207,7 @@ def optimise_directions(
     Monte Carlo Bayes risk under the Gaussian channel, with fresh samples every step (Adam).
     Starts from the first ``M`` heap-order coordinates plus noise. Returns ``Q (M, D)``.
     """
-    _check_budget(budget)
+    check_int("budget", budget, 1)
     if budget > tree.dim:
         raise ValueError(f"budget must be <= D = {tree.dim}, got {budget}")
     gen = torch.Generator().manual_seed(seed)
@@ -252,8 +253,7 @@ def optimise_gaussian_rows(
     """
     if rows not in ("orthonormal", "unit"):
         raise ValueError(f"rows must be 'orthonormal' or 'unit', got {rows!r}")
-    if not 1 <= budget <= cov.shape[0]:
-        raise ValueError(f"budget must be in [1, D = {cov.shape[0]}], got {budget}")
+    check_int("budget", budget, 1, cov.shape[0])
     cov = torch.as_tensor(cov, dtype=torch.float64)
     gen = torch.Generator().manual_seed(seed)
     W = torch.eye(cov.shape[0], dtype=torch.float64)[:budget]
@@ -286,10 +286,6 @@ def mc_contexts(prior, samples: int, n_ctx: int, noise_std: float, seed: int, st
     return theta, signs, g_hat
 
 
-def _squared_errors(theta_hat, theta):
-    return ((theta_hat - theta) ** 2).sum(-1)
-
-
 def evaluate_strategies(
     tree: TreePrior,
     n_ctx: int,
@@ -320,7 +316,7 @@ def evaluate_strategies(
     if channel not in ("finite", "gaussian"):
         raise ValueError(f"channel must be 'finite' or 'gaussian', got {channel!r}")
     tau2 = channel_tau2(tree, n_ctx, noise_std)
-    _check_budget(budget)
+    check_int("budget", budget, 1)
     if nodes is not None:
         nodes = _check_nodes(tree, nodes)
         if nodes.numel() != budget:
@@ -338,7 +334,7 @@ def evaluate_strategies(
     out = {}
     for name in strategies:
         theta_hat = _estimate(name, tree, make_channel(), budget, tau2, directions, seed, nodes)
-        out[name] = Estimate.of(_squared_errors(theta_hat, theta))
+        out[name] = Estimate.of(squared_error(theta_hat, theta))
     return out
 
 
@@ -369,7 +365,8 @@ def theory_baselines(
     dp: bool = False,
     best_coord: bool = False,
 ) -> dict[str, float]:
-    """All baselines of the command-line ``theory`` command as plain floats.
+    """All baselines of the CLI's ``theory`` command as plain floats (the book's appendix *Conventions*, section
+    "The command line").
 
     Keys: ``tau2``, ``adaptive_greedy``, ``nonadaptive_coord`` (heap order), ``lmmse``,
     ``gaussian_twin``, ``noisefree_adaptive``, ``noisefree_nonadaptive`` (heap order);

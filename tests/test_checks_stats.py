@@ -1,0 +1,55 @@
+"""fvlib._checks (argument checks at the entry points) and fvlib.stats (squared error, mean and
+standard error)."""
+
+import math
+
+import pytest
+import torch
+
+from fvlib._checks import check_int, check_number, is_int
+from fvlib.stats import mean_and_stderr, squared_error
+
+
+def test_check_int_accepts_integers_in_range():
+    assert check_int("n", 3, 1) == 3 and check_int("n", 0) == 0 and check_int("n", 5, 1, 5) == 5
+    assert is_int(3) and not is_int(True) and not is_int(3.0)
+
+
+@pytest.mark.parametrize(
+    "value, low, high, message",
+    [
+        (True, 1, None, "n must be a positive integer, got True"),
+        (2.0, None, None, "n must be an integer, got 2.0"),
+        (-1, 0, None, "n must be a non-negative integer, got -1"),
+        (7, 1, 6, r"n must be an integer in \[1, 6\], got 7"),
+        (1, 2, None, "n must be an integer >= 2, got 1"),
+    ],
+)
+def test_check_int_names_the_bad_value(value, low, high, message):
+    with pytest.raises(ValueError, match=message):
+        check_int("n", value, low, high)
+
+
+def test_check_number():
+    assert check_number("x", 0.5, 0, 1) == 0.5 and check_number("x", 2, 0, low_open=True) == 2
+    for value, kwargs, message in [
+        (0.0, {"low": 0, "low_open": True}, "x must be a positive number, got 0.0"),
+        (-0.1, {"low": 0}, "x must be a non-negative number, got -0.1"),
+        (1.5, {"low": 0, "high": 1, "low_open": True}, r"x must be a number in \(0, 1\], got 1.5"),
+        (math.nan, {}, "x must be a finite number, got nan"),
+        (math.inf, {"low": 0}, "got inf"),
+        (False, {}, "got False"),
+        ("1", {}, "got '1'"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            check_number("x", value, **kwargs)
+
+
+def test_squared_error_and_mean_and_stderr():
+    theta = torch.tensor([[1.0, 2.0], [0.0, 0.0]], dtype=torch.float64)
+    assert squared_error(theta, torch.zeros_like(theta)).tolist() == [5.0, 0.0]
+    values = torch.tensor([[1.0, 2.0, 3.0, 6.0]], dtype=torch.float64)
+    mean, stderr = mean_and_stderr(values)
+    assert mean.tolist() == [3.0] and stderr.item() == pytest.approx(values.std().item() / 2)
+    mean, stderr = mean_and_stderr(torch.tensor([4.0]))
+    assert mean.item() == 4.0 and math.isnan(stderr.item())
