@@ -8,8 +8,8 @@ right; it prints (and renders in a notebook) as ``Correct: ...`` or
 known misconception (``tau`` instead of ``tau^2``, greedy instead of optimal, a layer index
 off by one, ...), the hint names it.
 
-Every check is data: a :class:`Check` holds its cases, its reference, how an answer is read
-and compared, and its list of :class:`Misconception` s; one runner, :func:`_run`, executes
+Every check is data: a ``Check`` holds its cases, its reference, how an answer is read
+and compared, and its list of ``Misconception`` rows; one runner, ``_run``, executes
 them all. To add a recognised mistake, add a row to the check's misconception table.
 
 Two kinds of bad input are told apart:

@@ -139,9 +139,9 @@ class ModelConfig:
 # ----------------------------------------------------------------------------------------
 # Hooks and caches
 # ----------------------------------------------------------------------------------------
-#: Activations hooked in every layer ``l``: ``blocks.{l}.hook_{kind}``.
+#: The activations hooked in every layer ``l``, named ``blocks.{l}.hook_{kind}``.
 LAYER_HOOKS = ("keys", "phi", "workspace")
-#: Activations hooked once per model: ``hook_{kind}``.
+#: The activations hooked once per model, named ``hook_{kind}``.
 MODEL_HOOKS = ("theta_hat", "prediction")
 
 
