@@ -1,11 +1,22 @@
 """fvlib: adaptive inference and function vectors in deep transformers.
 
-The library behind the executable textbook. Modules, from the bottom up:
+The library behind the executable textbook. Modules, in layers from the bottom up; a module
+imports only from the layers below it (``tests/test_import_layers.py`` checks this)::
 
-``priors`` -> ``task`` -> ``theory`` -> ``models`` -> ``train`` -> ``patching`` -> ``plots``
--> ``widgets``, with ``cli`` and ``course`` on top. Each imports only from layers below it.
-Under all of them: ``_checks`` (the argument checks of the public entry points) and ``stats``
-(squared error, mean and standard error).
+    _checks, stats            argument checks of the public entry points; squared error, mean and
+                              standard error, the relative gap of two estimates
+    priors                    the tree prior, Gaussian priors, the Gaussian twin
+    task                      in-context regression contexts, labels and queries
+    theory                    exact posteriors, strategies, dynamic programming, closed forms, fits
+    models                    the constrained linear-attention transformer (models A, B, C), hooks
+    train                     training, checkpoints and resume, evaluation beside theory
+    patching                  key patching (model and theory), transplants, probes
+    experiments, reproduce    the chapters' experiment drivers (training runs, Monte Carlo
+                              sweeps, hooked model runs); the CLI's reproduce command
+    plots                     the book's figures, drawn from results (they compute nothing)
+    widgets                   the interactive explorers (ipywidgets)
+    cli, course               the command line; the checks of the course's problem sets
+    __main__                  ``python -m fvlib``
 
 The conventions the code relies on (tree indexing, the channel and ``tau^2``, models A/B/C,
 the split level, the CLI contract) are the book's appendix *Conventions*.
@@ -17,7 +28,7 @@ from .priors import GaussianPrior, TreePrior, make_prior  # noqa: E402
 from .task import TaskBatch, make_generator, sample_task  # noqa: E402
 
 # The heavier layers are imported on first use: ``fvlib.theory``, ``fvlib.models``,
-# ``fvlib.train``, ``fvlib.patching``, ``fvlib.plots``.
+# ``fvlib.train``, ``fvlib.patching``, ``fvlib.experiments``, ``fvlib.plots``.
 
 __all__ = [
     "__version__",

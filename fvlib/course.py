@@ -915,7 +915,7 @@ def check_greedy_action(student_fn: Callable, *, seed: int = 0, batch: int = 64)
     of :attr:`fvlib.priors.TreePrior.all_signs`), ``step`` is the 0-based layer index with
     ``step < K``. The answer is, for each context, the node of level ``step`` with the largest
     posterior *mass* (the summed probability of the leaves below it), as a heap-order node id,
-    shape ``(B,)``. Reference: :func:`fvlib.theory.strategies.greedy_action`. Random log-weights on trees
+    shape ``(B,)``. Reference: :func:`fvlib.theory.posteriors.greedy_action`. Random log-weights on trees
     of depth 3 and 4, every step. Recognised mistakes: the position within the level instead of
     the node id, the path of the single most probable leaf, the wrong level.
     """

@@ -26,7 +26,9 @@ outcome reveals the skipped sign, so a patch at ``l > m`` costs the greedy polic
 the early patches can cost more (:func:`theory_patching_row` follows one row against ``N``).
 
 :func:`theory_patching_sweep` runs the same intervention on the greedy theory policy, on the
-very same donor/target pairs.
+very same donor/target pairs. :func:`patching_ratio` reads a heatmap as ratios to the
+unpatched loss of the same targets, and :func:`patching_summary` summarises it after, at and
+before the split.
 
 Every intervention takes its arguments in one order: the model (when one is patched), then the
 task ``tree, n_ctx, noise_std`` (and the theory policy's depth ``n_layers``), then, by keyword
@@ -39,6 +41,7 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 from ._checks import check_int
@@ -55,6 +58,8 @@ __all__ = [
     "PatchingResult",
     "key_patching_sweep",
     "theory_patching_sweep",
+    "patching_ratio",
+    "patching_summary",
     "TransplantResult",
     "transplant_workspace",
     "ProbeResult",
@@ -310,6 +315,49 @@ def _theory_patcher(tree: TreePrior, n_layers: int, tau2: float, layers):
         return clean, patched, target, donor
 
     return run_pair
+
+
+# ----------------------------------------------------------------------------------------
+# Reading a heatmap: ratios to the unpatched loss and their summary
+# ----------------------------------------------------------------------------------------
+def patching_ratio(result) -> np.ndarray:
+    """``(K, L)`` array ``loss[m-1, l-1] / baseline_by_level[m-1]``: the patched loss over the
+    unpatched loss of the very same targets (1 = the patch changes nothing on average)."""
+    loss = np.asarray(result.loss, dtype=float)
+    base = np.asarray(result.baseline_by_level, dtype=float)[:, None]
+    return loss / base
+
+
+def _masks(shape: tuple[int, int]) -> dict[str, np.ndarray]:
+    K, L = shape
+    m = np.arange(1, K + 1)[:, None] * np.ones((1, L))
+    l = np.ones((K, 1)) * np.arange(1, L + 1)[None, :]
+    return {"after": l > m, "at": l == m, "before": l < m, "not_after": l <= m}
+
+
+def patching_summary(result) -> dict[str, float]:
+    """Summary numbers of a patching heatmap.
+
+    Returns a dict with
+
+    * ``after``, ``at``, ``before``: the mean of :func:`patching_ratio` over the cells with
+      ``l > m``, ``l = m`` and ``l < m`` (``nan`` when there is no such cell);
+    * ``max_z_not_after``: the largest ``|loss - baseline_by_level| / stderr`` over the cells
+      with ``l <= m`` (how far from "no effect" the flat part is, in standard errors);
+    * ``max_rel_not_after``: the largest ``|ratio - 1|`` over the same cells.
+    """
+    ratio = patching_ratio(result)
+    masks = _masks(ratio.shape)
+    out = {k: float(ratio[masks[k]].mean()) if masks[k].any() else float("nan") for k in ("after", "at", "before")}
+    loss = np.asarray(result.loss, dtype=float)
+    se = np.asarray(result.stderr, dtype=float)
+    base = np.asarray(result.baseline_by_level, dtype=float)[:, None] * np.ones_like(loss)
+    sel = masks["not_after"]
+    diff = np.abs(loss - base)[sel]
+    z = np.where(diff == 0, 0.0, diff / np.maximum(se[sel], 1e-300))
+    out["max_z_not_after"] = float(z.max())
+    out["max_rel_not_after"] = float(np.abs(ratio[sel] - 1).max())
+    return out
 
 
 # ----------------------------------------------------------------------------------------

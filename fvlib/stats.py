@@ -1,11 +1,12 @@
 """The two statistics every loss in fvlib is built from: the squared error of an estimate and
-the Monte Carlo mean with its standard error.
+the Monte Carlo mean with its standard error; and the relative gap between two such means.
 
 Every loss in the book is the excess loss ``E|theta_hat - theta|^2`` (see the book's appendix
 *Conventions*, section "The task and the loss"), estimated by averaging
 :func:`squared_error` over seeded contexts; :func:`mean_and_stderr` gives the average and its
 standard error. The theory strategies, the training evaluation and the patching sweeps all
-use these two.
+use these two. :func:`relative_gap` compares two estimates (chapter 3: the finite-``N``
+statistic against the Gaussian channel), with the standard error of the ratio.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import math
 
 import torch
 
-__all__ = ["squared_error", "mean_and_stderr"]
+__all__ = ["squared_error", "mean_and_stderr", "relative_gap"]
 
 
 def squared_error(theta_hat: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
@@ -33,3 +34,22 @@ def mean_and_stderr(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if n < 2:
         return values.mean(-1), torch.full(values.shape[:-1], float("nan"), dtype=values.dtype)
     return values.mean(-1), values.std(-1) / math.sqrt(n)
+
+
+def relative_gap(finite, gaussian) -> tuple[float, float]:
+    """``(finite - gaussian) / gaussian`` for two Monte Carlo estimates, with its standard error.
+
+    Args:
+        finite, gaussian: objects with ``.mean`` and ``.stderr`` (e.g.
+            :class:`fvlib.theory.strategies.Estimate`) computed on independent noise.
+    Returns:
+        ``(gap, stderr)``; the standard error is the first-order (delta method) one,
+        ``|f/g| * sqrt((se_f/f)^2 + (se_g/g)^2)``.
+    """
+    f, g = float(finite.mean), float(gaussian.mean)
+    if g == 0:
+        raise ValueError("the Gaussian-channel loss is 0; the relative gap is undefined")
+    gap = (f - g) / g
+    rel_f = finite.stderr / f if f != 0 else 0.0
+    rel_g = gaussian.stderr / g
+    return gap, abs(f / g) * math.hypot(rel_f, rel_g)

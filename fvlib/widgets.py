@@ -21,8 +21,10 @@ settings themselves and a note that the controls are live in Jupyter or Colab. T
 ``_config.yml`` tells myst-nb to render that fallback instead of the widget, so a reader of
 the HTML never meets a control that does nothing.
 
-Figures are drawn on ``matplotlib.figure.Figure`` objects (no pyplot state), which keeps
-redraws from background threads safe and leaves the notebook's own figures alone.
+An explorer computes (samples, sweeps, trains, patches) and leaves the drawing to the figure
+functions of :mod:`fvlib.plots.explorers`, which a chapter can call on the same results. They
+draw on ``matplotlib.figure.Figure`` objects (no pyplot state), which keeps redraws from
+background threads safe and leaves the notebook's own figures alone.
 """
 
 from __future__ import annotations
@@ -39,11 +41,9 @@ from matplotlib.figure import Figure
 from tqdm.notebook import tqdm as notebook_tqdm
 
 from ._checks import check_int, check_number
-from .patching import PatchingResult, key_patching_sweep, patch_level_effect, theory_patching_sweep
-from .plots.decay import decay_sweep, plot_decay
-from .plots.experiments import MODEL_COLORS
-from .plots.interventions import patching_ratio, plot_patching_heatmap
-from .plots.trees import OKABE_ITO, draw_tree_prior
+from .experiments import decay_sweep
+from .patching import PatchingResult, key_patching_sweep, patch_level_effect, patching_ratio, theory_patching_sweep
+from .plots.explorers import plot_patching_cell, plot_prior_sample, plot_strategy_curves, plot_training_run
 from .priors import GaussianPrior, TreePrior
 from .task import make_generator
 from .train import RunDirError, TrainConfig, load_history, run_dir_for, theory_reference, train
@@ -175,21 +175,7 @@ def _draw_prior(depth: int, alpha: float, seed: int) -> tuple[Figure, dict, str]
     signs = tree.sample_signs(1, generator)[0]
     theta = tree.theta_from_signs(signs)
     twin_theta = twin.sample(1, generator)[0]
-    figure = Figure(figsize=(11.5, 3.6))
-    ax_tree, ax_theta = figure.subplots(1, 2, gridspec_kw={"width_ratios": [1.1, 1.4]})
-    draw_tree_prior(tree, signs, ax=ax_tree, show_values=depth <= 4)
-    ax_tree.set_title(f"tree prior, K = {depth}, alpha = {alpha:.2f}: one path per context", fontsize=10)
-    index = np.arange(tree.dim)
-    ax_theta.bar(index - 0.2, theta.numpy(), width=0.4, color=OKABE_ITO["vermillion"], label=r"tree sample $\theta$")
-    ax_theta.bar(index + 0.2, twin_theta.numpy(), width=0.4, color=OKABE_ITO["blue"], label="Gaussian twin sample")
-    for level in range(1, depth):
-        ax_theta.axvline(2**level - 1.5, color="0.8", lw=0.8)
-    ax_theta.axhline(0, color="k", lw=0.6)
-    ax_theta.set_xlabel("coordinate n (heap order; grey lines separate levels)")
-    ax_theta.set_ylabel(r"$\theta_n$")
-    ax_theta.legend(fontsize=8, frameon=False)
-    ax_theta.set_title("same second moments, different structure", fontsize=10)
-    figure.tight_layout()
+    figure = plot_prior_sample(tree, signs, theta, twin_theta)
     summary = {
         "depth": depth,
         "alpha": alpha,
@@ -229,31 +215,17 @@ def prior_explorer(depth: int = 4, alpha: float = 0.5, seed: int = 0) -> Explore
 # ----------------------------------------------------------------------------------------
 # Strategy explorer
 # ----------------------------------------------------------------------------------------
-STRATEGY_LABELS = {
-    "adaptive_greedy": "adaptive (greedy, exact posterior)",
-    "nonadaptive_coord": "non-adaptive (top-M coordinates)",
-    "lmmse": "LMMSE (best linear estimator)",
-}
-STRATEGY_COLORS = {"adaptive_greedy": MODEL_COLORS["A"], "nonadaptive_coord": MODEL_COLORS["B"], "lmmse": MODEL_COLORS["C"]}
+#: The strategies the strategy explorer compares (labels and colours: :mod:`fvlib.plots.explorers`).
+EXPLORER_STRATEGIES = ("adaptive_greedy", "nonadaptive_coord", "lmmse")
 
 
 def _strategy_drawer(depth: int, samples: int, seed: int) -> DrawFn:
     def draw(budget: int, alpha: float, n_ctx: int, noise_std: float) -> tuple[Figure, dict, str]:
         tree = TreePrior(depth, alpha)
         budgets = np.arange(1, min(budget, tree.dim) + 1)
-        sweep = decay_sweep(tree, n_ctx, noise_std, budgets, samples=samples, seed=seed, strategies=tuple(STRATEGY_LABELS))
-        figure = Figure(figsize=(7.5, 4.0))
-        ax = figure.subplots()
-        for name, label in STRATEGY_LABELS.items():
-            plot_decay(ax, budgets, sweep.mean[name], yerr=sweep.stderr[name], label=label, color=STRATEGY_COLORS[name])
-        ax.set_yscale("log")
-        ax.set_xlabel("budget M (= layers L for the adaptive strategy)")
-        ax.set_ylabel(r"excess loss $\mathbb{E}\|\hat\theta-\theta\|^2$")
-        ax.set_title(f"K = {depth}, alpha = {alpha:.2f}, N = {n_ctx}, sigma = {noise_std:.2f} "
-                     f"(tau^2 = {sweep.tau2:.3g}); error bars 2 s.e.", fontsize=9)
-        ax.legend(fontsize=8, frameon=False)
-        figure.tight_layout()
-        final = {name: float(sweep.mean[name][-1]) for name in STRATEGY_LABELS}
+        sweep = decay_sweep(tree, n_ctx, noise_std, budgets, samples=samples, seed=seed, strategies=EXPLORER_STRATEGIES)
+        figure = plot_strategy_curves(sweep, tree, EXPLORER_STRATEGIES)
+        final = {name: float(sweep.mean[name][-1]) for name in EXPLORER_STRATEGIES}
         summary = {"budgets": budgets.tolist(), "tau2": sweep.tau2, "samples": samples,
                    "mean": {k: v.tolist() for k, v in sweep.mean.items()},
                    "stderr": {k: v.tolist() for k, v in sweep.stderr.items()}, "final": final}
@@ -307,28 +279,6 @@ def strategy_explorer(
 # ----------------------------------------------------------------------------------------
 # Training explorer
 # ----------------------------------------------------------------------------------------
-def _training_figure(config: TrainConfig, history: list[dict], reference: dict, status: str) -> Figure:
-    figure = Figure(figsize=(7.0, 3.8))
-    ax = figure.subplots()
-    color = MODEL_COLORS[config.model]
-    if history:
-        steps = [h["step"] for h in history]
-        loss = np.array([h["eval_excess_loss"] for h in history])
-        err = 2 * np.array([h["eval_stderr"] for h in history])
-        ax.fill_between(steps, np.maximum(loss - err, 1e-6), loss + err, color=color, alpha=0.2, lw=0)
-        ax.plot(steps, loss, "o-", ms=3, color=color, label=f"model {config.model} (evaluation set)")
-    ax.axhline(reference["value"], ls="--", color="k", lw=1, label=f"theory: {reference['name']}")
-    ax.set_xlim(0, config.steps)
-    ax.set_yscale("log")
-    ax.set_xlabel("training step")
-    ax.set_ylabel(r"excess loss $\mathbb{E}\|\hat\theta-\theta\|^2$")
-    ax.set_title(f"model {config.model}, {config.prior} prior, K = {config.depth}, M = {config.budget}: {status}",
-                 fontsize=9)
-    ax.legend(fontsize=8, frameon=False)
-    figure.tight_layout()
-    return figure
-
-
 class TrainingExplorer(Explorer):
     """The training explorer: an :class:`Explorer` with *Train* and *Stop* buttons.
 
@@ -406,7 +356,7 @@ class TrainingExplorer(Explorer):
             caption = (f"Step {summary['steps_done']}: excess loss {final:.4f} on {config.eval_contexts} held-out "
                        f"contexts; theory baseline {reference['name']} = {reference['value']:.4f} "
                        f"({reference['samples']} contexts). Runs are saved in {self.run_dir()}.")
-        return _training_figure(config, history, reference, status), summary, caption
+        return plot_training_run(config, history, reference, status), summary, caption
 
     # -- training ------------------------------------------------------------------------
     def start(self, blocking: bool = False) -> None:
@@ -520,35 +470,7 @@ def _patching_drawer(tree: TreePrior, n_ctx: int, noise_std: float, n_layers: in
                                               model=model, n_layers=n_layers, contexts=contexts, seed=seed)
         effect = effects[key]
         main = sweeps["model"] if model is not None else sweeps["theory"]
-        figure = Figure(figsize=(12.5, 3.7))
-        ax_map, ax_row, ax_level = figure.subplots(1, 3, gridspec_kw={"width_ratios": [1.0, 1.1, 1.1]})
-        plot_patching_heatmap(main, ax=ax_map, title=f"{source}: loss ratio", colorbar=False)
-        ax_map.add_patch(_cell_outline(split_level, layer))
-        layers = np.arange(1, n_layers + 1)
-        for name, result in sweeps.items():
-            ratio = patching_ratio(result)[split_level - 1]
-            style = {"model": ("o-", MODEL_COLORS["A"], "trained model"), "theory": ("s--", "k", "greedy theory")}[name]
-            ax_row.plot(layers, ratio, style[0], color=style[1], label=style[2], ms=4)
-        ax_row.axvline(layer, color=OKABE_ITO["vermillion"], lw=1)
-        ax_row.axvspan(split_level + 0.5, n_layers + 0.5, color="0.92", zorder=0)
-        ax_row.set_yscale("log")
-        ax_row.set_xticks(layers)
-        ax_row.set_xlabel("patched layer l (shaded: l > m)")
-        ax_row.set_ylabel("patched / unpatched loss")
-        ax_row.set_title(f"row m = {split_level} of the heatmap", fontsize=10)
-        ax_row.legend(fontsize=8, frameon=False)
-        levels = np.arange(tree.depth)
-        ax_level.bar(levels - 0.2, effect.target.numpy(), 0.4, color=OKABE_ITO["green"], label="target's path")
-        ax_level.bar(levels + 0.2, effect.donor.numpy(), 0.4, color=OKABE_ITO["orange"], label="donor's path")
-        ax_level.plot(levels, effect.baseline.numpy(), "k_", ms=18, mew=2, label="unpatched (target)")
-        ax_level.axhline(0, color="k", lw=0.6)
-        ax_level.set_xticks(levels)
-        ax_level.set_ylim(-1.15, 1.15)
-        ax_level.set_xlabel("tree level k")
-        ax_level.set_ylabel("overlap of the prediction")
-        ax_level.set_title(f"patch (m = {split_level}, l = {layer}), level by level", fontsize=10)
-        ax_level.legend(fontsize=7, frameon=False, loc="lower left")
-        figure.tight_layout()
+        figure = plot_patching_cell(sweeps, effect)
         row = patching_ratio(main)[split_level - 1]
         summary = {"split_level": split_level, "layer": layer, "ratio": float(row[layer - 1]),
                    "row": row.tolist(), "target_overlap": effect.target.tolist(),
@@ -558,12 +480,6 @@ def _patching_drawer(tree: TreePrior, n_ctx: int, noise_std: float, n_layers: in
         return figure, summary, caption
 
     return draw
-
-
-def _cell_outline(split_level: int, layer: int):
-    from matplotlib.patches import Rectangle
-
-    return Rectangle((layer - 1.45, split_level - 1.45), 0.9, 0.9, fill=False, ec="k", lw=2.5)
 
 
 def patching_explorer(

@@ -1,4 +1,5 @@
-"""fvlib.plots.channel: the figures of chapters 1 and 3 run and return what they drew."""
+"""fvlib.plots.channel: the figures of chapters 1 and 3 run and return what they drew (and
+fvlib.stats.relative_gap, the gap they draw)."""
 
 import math
 
@@ -20,8 +21,8 @@ from fvlib.plots.channel import (  # noqa: E402
     plot_leaf_posteriors,
     plot_level_error_rates,
     plot_relative_gap,
-    relative_gap,
 )
+from fvlib.stats import relative_gap  # noqa: E402
 from fvlib.theory import Estimate, evaluate_strategies  # noqa: E402
 
 

@@ -1,4 +1,5 @@
-"""fvlib.plots.decay: decay sweeps, fits on semilog / log-log panels, the advantage heatmap."""
+"""Decay sweeps (fvlib.experiments), fits on semilog / log-log panels and the advantage heatmap
+(fvlib.plots.decay)."""
 
 import math
 
@@ -10,10 +11,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from fvlib import TreePrior  # noqa: E402
+from fvlib.experiments import advantage_sweep, closed_form_curves, decay_sweep  # noqa: E402
 from fvlib.plots.decay import (  # noqa: E402
-    advantage_sweep,
-    closed_form_curves,
-    decay_sweep,
     plot_advantage_heatmap,
     plot_decay,
     plot_decay_panels,

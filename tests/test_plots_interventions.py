@@ -1,4 +1,5 @@
-"""fvlib.plots.interventions: patching ratios, summaries, heatmaps and transplant panels."""
+"""Patching ratios and summaries (fvlib.patching), heatmaps and transplant panels
+(fvlib.plots.interventions), workspace projections (fvlib.experiments)."""
 
 import math
 
@@ -11,10 +12,15 @@ import torch  # noqa: E402
 
 from fvlib import TreePrior  # noqa: E402
 from fvlib.models import model_a  # noqa: E402
-from fvlib.patching import PatchingResult, TransplantResult, theory_patching_sweep, transplant_workspace  # noqa: E402
-from fvlib.plots.interventions import (  # noqa: E402
+from fvlib.patching import (  # noqa: E402
+    PatchingResult,
+    TransplantResult,
     patching_ratio,
     patching_summary,
+    theory_patching_sweep,
+    transplant_workspace,
+)
+from fvlib.plots.interventions import (  # noqa: E402
     plot_patching_heatmap,
     plot_patching_pair,
     plot_transplant,
@@ -81,13 +87,9 @@ def test_transplant_panels():
 
 def test_workspace_projections_and_probe_heatmap():
     from fvlib import make_generator, sample_task
+    from fvlib.experiments import workspace_projections
     from fvlib.patching import ProbeResult
-    from fvlib.plots.interventions import (
-        plot_probe_heatmap,
-        plot_workspace_projections,
-        prefix_index,
-        workspace_projections,
-    )
+    from fvlib.plots.interventions import plot_probe_heatmap, plot_workspace_projections, prefix_index
 
     tree = TreePrior(3, 0.5)
     model = model_a(tree, budget=3, width=16)

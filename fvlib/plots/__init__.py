@@ -1,5 +1,17 @@
 """Figures for the book: one submodule per topic, matplotlib only.
 
-Every function draws on a given (or new) axes and returns the matplotlib object it drew, so
-chapters stay short and figures look the same everywhere.
+Every function draws results it is given (computed by the layers below: ``fvlib.theory``,
+:mod:`fvlib.patching`, :mod:`fvlib.experiments`) on a given (or new) axes or figure and returns
+what it drew, so chapters stay short and figures look the same everywhere. Nothing here trains
+a model, samples contexts or runs a Monte Carlo estimate.
+
+Submodules, in layers from the bottom up; a submodule imports only from the layers below it
+(``tests/test_import_layers.py`` checks this)::
+
+    style
+        the Okabe-Ito palette, one colour per model, one label per strategy
+    architecture, channel, decay, interventions, training, trees
+        the figures of the chapters, by topic
+    explorers
+        the figures of the explorers of fvlib.widgets, for chapters too
 """

@@ -15,7 +15,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
-from .trees import OKABE_ITO
+from .style import OKABE_ITO
 
 __all__ = ["draw_architecture", "parameter_counts"]
 

@@ -20,17 +20,16 @@ Okabe--Ito palette, which is safe for the common forms of colour blindness.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
+from ..stats import relative_gap
+from .style import OKABE_ITO, STRATEGY_LABELS, palette
+
 __all__ = [
-    "OKABE_ITO",
-    "STRATEGY_LABELS",
-    "relative_gap",
     "plot_leaf_posteriors",
     "plot_covariances",
     "plot_channel_sweep",
@@ -38,16 +37,8 @@ __all__ = [
     "plot_level_error_rates",
 ]
 
-#: Okabe--Ito colours (black excluded), in the order used for successive series.
-OKABE_ITO = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442")
-
-#: Readable names for the strategies of :func:`fvlib.theory.evaluate_strategies`.
-STRATEGY_LABELS = {
-    "adaptive_greedy": "adaptive greedy (Bayes)",
-    "nonadaptive_coord": "non-adaptive coordinates (Bayes)",
-    "lmmse": "non-adaptive coordinates (LMMSE)",
-    "nonadaptive_opt": "non-adaptive, optimised directions",
-}
+#: Colours of successive strategies (and of the two bars of a pair), black excluded.
+_SERIES = palette("blue", "vermillion", "green", "purple", "orange", "sky", "yellow")
 
 
 def _as_numpy(a) -> np.ndarray:
@@ -56,33 +47,14 @@ def _as_numpy(a) -> np.ndarray:
     return np.asarray(a, dtype=float)
 
 
-def relative_gap(finite, gaussian) -> tuple[float, float]:
-    """``(finite - gaussian) / gaussian`` for two Monte Carlo estimates, with its standard error.
-
-    Args:
-        finite, gaussian: objects with ``.mean`` and ``.stderr`` (e.g.
-            :class:`fvlib.theory.Estimate`) computed on independent noise.
-    Returns:
-        ``(gap, stderr)``; the standard error is the first-order (delta method) one,
-        ``|f/g| * sqrt((se_f/f)^2 + (se_g/g)^2)``.
-    """
-    f, g = float(finite.mean), float(gaussian.mean)
-    if g == 0:
-        raise ValueError("the Gaussian-channel loss is 0; the relative gap is undefined")
-    gap = (f - g) / g
-    rel_f = finite.stderr / f if f != 0 else 0.0
-    rel_g = gaussian.stderr / g
-    return gap, abs(f / g) * math.hypot(rel_f, rel_g)
-
-
 def plot_leaf_posteriors(
     probs,
     true_leaf: int | None = None,
     axes=None,
     titles: Sequence[str] | None = None,
     leaf_labels: Sequence[str] | None = None,
-    color: str = OKABE_ITO[0],
-    true_color: str = OKABE_ITO[1],
+    color: str = OKABE_ITO["blue"],
+    true_color: str = OKABE_ITO["vermillion"],
 ):
     """Bar plots of leaf posteriors, one panel per row of ``probs``.
 
@@ -173,7 +145,7 @@ def plot_channel_sweep(results: Mapping, ax=None, strategies: Sequence[str] | No
 
     Args:
         results: ``{"finite": {N: {strategy: Estimate}}, "gaussian": {N: {strategy: Estimate}}}``,
-            i.e. :func:`fvlib.theory.evaluate_strategies` outputs keyed by channel and ``N``.
+            i.e. :func:`fvlib.theory.strategies.evaluate_strategies` outputs keyed by channel and ``N``.
         strategies: which strategies to draw (default: all, in the order of the results).
         n_se: error bars of ``n_se`` Monte Carlo standard errors.
     Returns:
@@ -188,7 +160,7 @@ def plot_channel_sweep(results: Mapping, ax=None, strategies: Sequence[str] | No
     drawn = {}
     markers = "osD^v"
     for i, name in enumerate(names):
-        color, marker = OKABE_ITO[i % len(OKABE_ITO)], markers[i % len(markers)]
+        color, marker = _SERIES[i % len(_SERIES)], markers[i % len(markers)]
         drawn[name] = {}
         for channel, style in (("finite", "-"), ("gaussian", "--")):
             est = [results[channel][n][name] for n in n_values]
@@ -223,7 +195,7 @@ def plot_relative_gap(
         results: as in :func:`plot_channel_sweep`.
         predicted: optional ``{strategy: gaps}`` (one value per ``N``, in increasing ``N``),
             drawn as thin dotted lines in the strategy's colour.
-        n_se: error bars of ``n_se`` standard errors (see :func:`relative_gap`).
+        n_se: error bars of ``n_se`` standard errors (see :func:`fvlib.stats.relative_gap`).
     Returns:
         ``{strategy: ErrorbarContainer}``.
     """
@@ -234,7 +206,7 @@ def plot_relative_gap(
     markers = "osD^v"
     drawn = {}
     for i, name in enumerate(names):
-        color, marker = OKABE_ITO[i % len(OKABE_ITO)], markers[i % len(markers)]
+        color, marker = _SERIES[i % len(_SERIES)], markers[i % len(markers)]
         gaps = [relative_gap(results["finite"][n][name], results["gaussian"][n][name]) for n in n_values]
         drawn[name] = ax.errorbar(
             n_values, [g for g, _ in gaps], yerr=[n_se * s for _, s in gaps], fmt=marker + "-",
@@ -274,8 +246,8 @@ def plot_level_error_rates(
         _, ax = plt.subplots(figsize=(5.5, 3.0))
     k = np.arange(len(f))
     err = None if finite_stderr is None else 2 * _as_numpy(finite_stderr)
-    bars_f = ax.bar(k - 0.2, f, width=0.4, color=OKABE_ITO[0], yerr=err, capsize=2, label=labels[0])
-    bars_g = ax.bar(k + 0.2, g, width=0.4, color=OKABE_ITO[1], label=labels[1])
+    bars_f = ax.bar(k - 0.2, f, width=0.4, color=OKABE_ITO["blue"], yerr=err, capsize=2, label=labels[0])
+    bars_g = ax.bar(k + 0.2, g, width=0.4, color=OKABE_ITO["vermillion"], label=labels[1])
     ax.set_yscale("log")
     ax.set_xticks(k)
     ax.set_xlabel("level k of the path node")

@@ -1,21 +1,20 @@
-"""Figures and summaries for causal interventions: key patching and workspace transplant
-(chapter 10, *Causal interventions*; the book's appendix *Conventions*, section "Donor, target and the split level").
+"""Figures for causal interventions: key patching and workspace transplant (chapter 10,
+*Causal interventions*; the book's appendix *Conventions*, section "Donor, target and the split level").
 
-* :func:`patching_ratio` -- the heatmap of a :class:`fvlib.patching.PatchingResult` as a ratio
-  to the unpatched loss of the same targets;
-* :func:`patching_summary` -- mean ratios over the cells after (``l > m``), at (``l = m``) and
-  before (``l < m``) the split, and the largest deviation from the baseline for ``l <= m`` in
-  units of its standard error;
+They draw the results of :mod:`fvlib.patching` (sweeps, transplants, probes, and the ratios
+and summaries of a sweep: :func:`fvlib.patching.patching_ratio`,
+:func:`fvlib.patching.patching_summary`) and of :mod:`fvlib.experiments`:
+
 * :func:`plot_patching_heatmap` and :func:`plot_patching_pair` -- the model's and the theory's
   heatmaps side by side (rows: split level ``m = 1..K``; columns: patched layer ``l = 1..L``);
-* :func:`measurement_profile` -- where each layer of a gated-router model puts its
-  measurement weight, relative to the context's own path;
 * :func:`plot_transplant` -- overlap of the prediction with the donor's and the target's path,
-  level by level, after the workspace ``Phi_l`` is transplanted.
+  level by level, after the workspace ``Phi_l`` is transplanted;
+* :func:`plot_patching_row` -- one row of the theory heatmap against the context length.
 
-Also the figures of the chapter on the inside of the model: :func:`workspace_projections`,
-:func:`plot_workspace_projections` (PCA of ``Phi_l`` coloured by path prefix) and
-:func:`plot_probe_heatmap` (probe accuracy per layer and level).
+Also the figures of the chapter on the inside of the model:
+:func:`plot_workspace_projections` (PCA of ``Phi_l`` coloured by path prefix, from
+:func:`fvlib.experiments.workspace_projections`) and :func:`plot_probe_heatmap` (probe
+accuracy per layer and level).
 
 Colours: the viridis-like ``cividis`` map and the Okabe-Ito palette (colour-blind safe).
 """
@@ -26,60 +25,18 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import LogNorm
 
-from .trees import OKABE_ITO
+from ..patching import patching_ratio
+from .style import OKABE_ITO, palette
 
 __all__ = [
-    "patching_ratio",
-    "patching_summary",
     "plot_patching_heatmap",
     "plot_patching_pair",
     "plot_transplant",
-    "measurement_profile",
-    "workspace_projections",
     "prefix_index",
     "plot_workspace_projections",
     "plot_probe_heatmap",
+    "plot_patching_row",
 ]
-
-
-def patching_ratio(result) -> np.ndarray:
-    """``(K, L)`` array ``loss[m-1, l-1] / baseline_by_level[m-1]``: the patched loss over the
-    unpatched loss of the very same targets (1 = the patch changes nothing on average)."""
-    loss = np.asarray(result.loss, dtype=float)
-    base = np.asarray(result.baseline_by_level, dtype=float)[:, None]
-    return loss / base
-
-
-def _masks(shape: tuple[int, int]) -> dict[str, np.ndarray]:
-    K, L = shape
-    m = np.arange(1, K + 1)[:, None] * np.ones((1, L))
-    l = np.ones((K, 1)) * np.arange(1, L + 1)[None, :]
-    return {"after": l > m, "at": l == m, "before": l < m, "not_after": l <= m}
-
-
-def patching_summary(result) -> dict[str, float]:
-    """Summary numbers of a patching heatmap.
-
-    Returns a dict with
-
-    * ``after``, ``at``, ``before``: the mean of :func:`patching_ratio` over the cells with
-      ``l > m``, ``l = m`` and ``l < m`` (``nan`` when there is no such cell);
-    * ``max_z_not_after``: the largest ``|loss - baseline_by_level| / stderr`` over the cells
-      with ``l <= m`` (how far from "no effect" the flat part is, in standard errors);
-    * ``max_rel_not_after``: the largest ``|ratio - 1|`` over the same cells.
-    """
-    ratio = patching_ratio(result)
-    masks = _masks(ratio.shape)
-    out = {k: float(ratio[masks[k]].mean()) if masks[k].any() else float("nan") for k in ("after", "at", "before")}
-    loss = np.asarray(result.loss, dtype=float)
-    se = np.asarray(result.stderr, dtype=float)
-    base = np.asarray(result.baseline_by_level, dtype=float)[:, None] * np.ones_like(loss)
-    sel = masks["not_after"]
-    diff = np.abs(loss - base)[sel]
-    z = np.where(diff == 0, 0.0, diff / np.maximum(se[sel], 1e-300))
-    out["max_z_not_after"] = float(z.max())
-    out["max_rel_not_after"] = float(np.abs(ratio[sel] - 1).max())
-    return out
 
 
 def plot_patching_heatmap(result, ax=None, title: str | None = None, vmin: float = 0.5, vmax: float | None = None,
@@ -157,61 +114,9 @@ def plot_transplant(result, axes=None, figsize=(9.5, 3.4)):
     return fig, axes
 
 
-def measurement_profile(model, tree, batch):
-    """Where a gated-router model looks: for every layer ``l`` and tree level ``k``, the mean
-    fraction of the squared weight of the measurement matrix ``G_l(Phi_{l-1})`` (all ``d``
-    channels together) that falls on the context's *own* path node at level ``k``.
-
-    ``batch``: a :class:`fvlib.task.TaskBatch` from ``tree`` (its ``signs`` give the paths).
-    Returns a ``(L, K + 1)`` numpy array; the last column is the weight off the path. Rows sum
-    to one. In the ideal adaptive policy row ``l`` is the indicator of level ``l - 1``.
-    """
-    import torch
-
-    from ..models import hook_name
-
-    if model.config.router != "gated":
-        raise ValueError(f"measurement_profile needs a gated router, got {model.config.router!r}")
-    with torch.no_grad():
-        _, cache = model.run_with_cache(batch, names_filter=hook_name("workspace", "*"))
-        nodes = tree.path_nodes(batch.signs.cpu())  # (B, K)
-        rows = []
-        for l in range(1, model.config.n_layers + 1):
-            previous = cache[hook_name("workspace", l - 1)] if l > 1 else batch.x.new_zeros(batch.x.shape[0], 0)
-            weight = (model.block(l).router.matrix(previous.to(batch.x.dtype)) ** 2).sum(1).double().cpu()  # (B, D)
-            weight = weight / weight.sum(-1, keepdim=True)
-            on_path = weight.gather(-1, nodes)  # (B, K)
-            rows.append(torch.cat([on_path, 1 - on_path.sum(-1, keepdim=True)], dim=-1).mean(0))
-    return torch.stack(rows).numpy()
-
-
 # ----------------------------------------------------------------------------------------
 # Inside the model (chapter "Inside the model"): the workspace across layers and probes
 # ----------------------------------------------------------------------------------------
-def workspace_projections(model, batch, components: int = 2) -> list[dict]:
-    """Principal-component projections of the workspace ``Phi_l`` of every layer.
-
-    ``batch``: a :class:`fvlib.task.TaskBatch` with ``B`` contexts. For each layer ``l`` the
-    centred workspaces ``(B, l d)`` are projected on their top ``min(components, l d)``
-    principal directions (``torch.linalg.svd``). Returns a list of ``L`` dicts with
-    ``coords`` (``(B, c)`` numpy array) and ``explained`` (``(c,)`` fractions of variance).
-    """
-    import torch
-
-    from ..models import hook_name
-
-    with torch.no_grad():
-        _, cache = model.run_with_cache(batch, names_filter=hook_name("workspace", "*"))
-    out = []
-    for l in range(1, model.config.n_layers + 1):
-        phi = cache[hook_name("workspace", l)].double().cpu()
-        centred = phi - phi.mean(0)
-        _, s, vh = torch.linalg.svd(centred, full_matrices=False)
-        c = min(components, vh.shape[0])
-        out.append({"coords": (centred @ vh[:c].T).numpy(), "explained": (s[:c] ** 2 / (s**2).sum()).numpy()})
-    return out
-
-
 def prefix_index(signs, length: int) -> np.ndarray:
     """Index ``0 .. 2^length - 1`` of the path prefix ``(s_0, ..., s_{length-1})`` read as binary
     digits (``+1`` as 1, ``s_0`` most significant), so prefixes of one subtree are adjacent.
@@ -287,7 +192,7 @@ def plot_patching_row(row, ax=None, figsize=(6.4, 3.6)):
     base = np.asarray(row.baseline, dtype=float)
     base_se = np.asarray(row.baseline_stderr, dtype=float)
     L, m = loss.shape[1], row.split_level
-    colours = [OKABE_ITO[c] for c in ("blue", "orange", "green", "vermillion", "purple", "sky", "yellow", "black")]
+    colours = palette("blue", "orange", "green", "vermillion", "purple", "sky", "yellow", "black")
     for j, l in enumerate(range(m + 1, L + 1)):
         colour = colours[j % len(colours)]
         ax.errorbar(n, loss[:, l - 1], yerr=2 * se[:, l - 1], fmt="o-", ms=4, capsize=2, color=colour,
@@ -307,6 +212,3 @@ def plot_patching_row(row, ax=None, figsize=(6.4, 3.6)):
                  + ("; dashed: noise-free limit" if row.noisefree is not None else ""), fontsize=10)
     ax.legend(fontsize=7, frameon=False, loc="upper right")
     return ax.figure, ax
-
-
-__all__ += ["plot_patching_row"]

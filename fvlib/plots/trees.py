@@ -2,9 +2,9 @@
 
 Two kinds of tree appear in the book and both are drawn here:
 
-* the **prior tree** of :class:`fvlib.TreePrior` (:func:`draw_tree_prior`): internal nodes in
+* the **prior tree** of :class:`fvlib.priors.TreePrior` (:func:`draw_tree_prior`): internal nodes in
   heap order, level ``k`` on row ``-k``, the leaves on row ``-K``, one sign path highlighted;
-* a **policy tree** as returned by :func:`fvlib.theory.dp_policy_tree`
+* a **policy tree** as returned by :func:`fvlib.theory.dp.dp_policy_tree`
   (:func:`draw_policy_tree`): a box per measurement (the node and its level), one edge per
   observation interval of that measurement, and the expected final risk in every box.
 
@@ -24,9 +24,9 @@ import torch
 from matplotlib.patches import Patch
 
 from .._checks import check_int
+from .style import OKABE_ITO
 
 __all__ = [
-    "OKABE_ITO",
     "tree_node_positions",
     "draw_tree_prior",
     "policy_paths",
@@ -34,18 +34,6 @@ __all__ = [
     "format_interval",
     "draw_policy_tree",
 ]
-
-#: Okabe-Ito colour-blind-safe palette.
-OKABE_ITO = {
-    "black": "#000000",
-    "orange": "#E69F00",
-    "sky": "#56B4E9",
-    "green": "#009E73",
-    "yellow": "#F0E442",
-    "blue": "#0072B2",
-    "vermillion": "#D55E00",
-    "purple": "#CC79A7",
-}
 
 
 def _new_axes(ax, figsize):
@@ -73,7 +61,7 @@ def tree_node_positions(depth: int) -> dict[int, tuple[float, float]]:
 
 def draw_tree_prior(tree, signs=None, ax=None, *, annotate: dict | None = None, show_values: bool = True,
                     node_size: float | None = None, color: str = OKABE_ITO["vermillion"]):
-    """Draw a :class:`~fvlib.TreePrior` in heap order, optionally with one sign path highlighted.
+    """Draw a :class:`~fvlib.priors.TreePrior` in heap order, optionally with one sign path highlighted.
 
     Args:
         tree: the prior (its ``depth`` sets the drawing; ``alpha`` the values shown).
@@ -208,7 +196,7 @@ def _layout(policy):
 
 def draw_policy_tree(policy: dict, tree=None, ax=None, *, digits: int = 2, risk_digits: int = 3,
                      title: str | None = None, legend: bool = True):
-    """Draw a DP policy (the nested dict of :func:`fvlib.theory.dp_policy_tree`) as a decision tree.
+    """Draw a DP policy (the nested dict of :func:`fvlib.theory.dp.dp_policy_tree`) as a decision tree.
 
     Every box is one measurement: ``measure n`` with the node's level (when ``tree`` is given)
     and the expected final risk from that point on (``sub["value"]``; ``dp_policy_tree``
@@ -219,7 +207,7 @@ def draw_policy_tree(policy: dict, tree=None, ax=None, *, digits: int = 2, risk_
 
     Args:
         policy: nested dict ``{"node", "value", "branches": [{"phi_range", ...}]}``.
-        tree: the :class:`~fvlib.TreePrior`, to print node levels (optional).
+        tree: the :class:`~fvlib.priors.TreePrior`, to print node levels (optional).
         ax: axes to draw on (a new figure when omitted).
         digits: decimals of the interval ends.
         risk_digits: decimals of the expected risks.

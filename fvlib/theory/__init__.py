@@ -1,11 +1,22 @@
 """The theory: exact Bayes baselines, measurement strategies, dynamic programming, closed forms.
 
-Submodules: ``closed_forms``, ``channel`` (how measurements are observed), ``posteriors``
-(exact Bayes), ``strategies`` (greedy, non-adaptive, LMMSE, optimised directions, Monte
-Carlo), ``dp`` (dynamic programming over coordinate actions), ``decoders`` (nonlinear
-decoders of the finite-``N`` statistic) and ``fits``.
+Submodules, in layers from the bottom up; a submodule imports only from the layers below it
+(``tests/test_import_layers.py`` checks this)::
+
+    channel, closed_forms, posteriors, decoders, fits
+        how measurements are observed; closed forms; exact Bayes posteriors and the greedy
+        rule (a function of the belief); nonlinear decoders of the finite-N statistic; fits
+    strategies, dp
+        greedy, non-adaptive, LMMSE and optimised directions with their Monte Carlo losses;
+        dynamic programming over coordinate actions
+    baselines
+        the table of all baselines (strategies, closed forms, the DP optimum): the CLI's
+        ``theory`` command
+
+Every public name of the submodules is importable from ``fvlib.theory``.
 """
 
+from .baselines import theory_baselines
 from .channel import FiniteSampleChannel, GaussianChannel, sample_statistic
 from .closed_forms import (
     best_fixed_nodes,
@@ -23,6 +34,7 @@ from .decoders import RadialDecoder, fit_radial_decoder
 from .dp import dp_policy_tree, dp_value, greedy_value, optimal_actions, policy_value
 from .fits import DecayFit, fit_decay
 from .posteriors import (
+    greedy_action,
     leaf_values_at,
     level_node_masses,
     log_likelihood_directions,
@@ -42,7 +54,6 @@ from .strategies import (
     Rollout,
     bayes_decode_nodes,
     evaluate_strategies,
-    greedy_action,
     lmmse_decode_nodes,
     mc_contexts,
     nonadaptive_nodes,
@@ -50,7 +61,6 @@ from .strategies import (
     optimise_gaussian_rows,
     orthonormal_rows,
     run_greedy,
-    theory_baselines,
 )
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -34,8 +34,7 @@ import torch
 
 from .._checks import check_int, check_number
 from ..priors import TreePrior
-from .posteriors import leaf_values_at, posterior_probs, tree_posterior_variance, uniform_log_weights
-from .strategies import greedy_action
+from .posteriors import greedy_action, leaf_values_at, posterior_probs, tree_posterior_variance, uniform_log_weights
 
 __all__ = ["dp_value", "greedy_value", "policy_value", "optimal_actions", "dp_policy_tree", "MAX_DP_DEPTH"]
 

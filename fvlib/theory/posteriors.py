@@ -8,6 +8,10 @@ beyond. Coordinate measurements never materialise the ``(2^K, D)`` leaf matrix: 
 
 The likelihood of a measurement is the Gaussian-channel one: ``phi ~ N(theta[a], tau2)`` for a
 coordinate ``a`` (or ``u ~ N(Q theta, tau2 I)`` for orthonormal directions ``Q``).
+
+The greedy rule of the adaptive policy is a function of the belief and is here too
+(:func:`greedy_action`), below both the strategies that run it and the dynamic programme that
+compares it with the optimum.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ __all__ = [
     "tree_posterior_variance",
     "node_posterior_variances",
     "tree_posterior_cov",
+    "greedy_action",
 ]
 
 
@@ -135,3 +140,22 @@ def tree_posterior_cov(tree: TreePrior, probs: torch.Tensor) -> torch.Tensor:
     mean = probs @ leaves
     second = torch.einsum("bj,jd,je->bde", probs, leaves, leaves)
     return second - mean[:, :, None] * mean[:, None, :]
+
+
+def greedy_action(tree: TreePrior, log_w: torch.Tensor, step: int, measured: torch.Tensor | None = None) -> torch.Tensor:
+    """The greedy node for each context at ``step`` (0-based); ``log_w (B, 2^K)`` -> ``(B,)``.
+
+    Greedy rule ("follow the most probable path"): at step ``l < K`` measure the node of level
+    ``l`` with the largest posterior mass. Beyond the tree depth (``l >= K``) measure the
+    not-yet-measured node with the largest posterior variance (the design leaves this case open).
+    ``measured`` is an optional ``(B, D)`` boolean mask of nodes already measured, used only
+    beyond the tree depth.
+    """
+    probs = posterior_probs(log_w)
+    if step < tree.depth:
+        masses = level_node_masses(tree, probs, step)
+        return masses.argmax(-1) + (2**step - 1)
+    variances = node_posterior_variances(tree, probs)
+    if measured is not None:
+        variances = variances.masked_fill(measured, -1.0)
+    return variances.argmax(-1)

@@ -6,9 +6,10 @@ ones) and decodes with the exact Bayes posterior under the Gaussian-channel like
 (``lmmse`` decodes linearly instead). Observations come from a channel (``channel.py``): the
 finite-``N`` statistic by default, or the Gaussian channel itself.
 
-Greedy rule ("follow the most probable path"): at step ``l < K`` measure the node of level
-``l`` with the largest posterior mass. Beyond the tree depth (``l >= K``) it measures the
-not-yet-measured node with the largest posterior variance (the design leaves this case open).
+The greedy rule itself is a function of the belief and lives with the posteriors
+(:func:`fvlib.theory.posteriors.greedy_action`); :func:`run_greedy` runs it against a channel.
+The table of all baselines (strategies beside the DP optimum) is
+:func:`fvlib.theory.baselines.theory_baselines`.
 """
 
 from __future__ import annotations
@@ -22,21 +23,11 @@ from .._checks import check_int
 from ..priors import TreePrior
 from ..stats import mean_and_stderr, squared_error
 from .channel import FiniteSampleChannel, GaussianChannel, sample_statistic
-from .closed_forms import (
-    _check_nodes,
-    best_fixed_nodes,
-    channel_tau2,
-    gaussian_coordinate_loss,
-    gaussian_posterior_cov,
-    noisefree_adaptive_loss,
-    noisefree_nodes_loss,
-    noisefree_nonadaptive_loss,
-)
+from .closed_forms import _check_nodes, best_fixed_nodes, channel_tau2, gaussian_posterior_cov
 from .posteriors import (
-    level_node_masses,
+    greedy_action,
     log_likelihood_directions,
     log_likelihood_nodes,
-    node_posterior_variances,
     posterior_probs,
     tree_posterior_mean,
     uniform_log_weights,
@@ -46,7 +37,6 @@ from .posteriors import (
 __all__ = [
     "Estimate",
     "Rollout",
-    "greedy_action",
     "run_greedy",
     "nonadaptive_nodes",
     "bayes_decode_nodes",
@@ -56,7 +46,6 @@ __all__ = [
     "optimise_gaussian_rows",
     "mc_contexts",
     "evaluate_strategies",
-    "theory_baselines",
     "STRATEGIES",
 ]
 
@@ -99,22 +88,6 @@ class Rollout:
     phis: torch.Tensor
     log_w: torch.Tensor
     theta_hat: torch.Tensor
-
-
-def greedy_action(tree: TreePrior, log_w: torch.Tensor, step: int, measured: torch.Tensor | None = None) -> torch.Tensor:
-    """The greedy node for each context at ``step`` (0-based); ``log_w (B, 2^K)`` -> ``(B,)``.
-
-    ``measured`` is an optional ``(B, D)`` boolean mask of nodes already measured, used only
-    beyond the tree depth.
-    """
-    probs = posterior_probs(log_w)
-    if step < tree.depth:
-        masses = level_node_masses(tree, probs, step)
-        return masses.argmax(-1) + (2**step - 1)
-    variances = node_posterior_variances(tree, probs)
-    if measured is not None:
-        variances = variances.masked_fill(measured, -1.0)
-    return variances.argmax(-1)
 
 
 def run_greedy(tree: TreePrior, channel, n_layers: int, tau2: float, forced: dict | None = None) -> Rollout:
@@ -351,51 +324,3 @@ def _estimate(name, tree, chan, budget, tau2, directions, seed, best_nodes=None)
     if name in ("nonadaptive_coord", "nonadaptive_best_coord"):
         return bayes_decode_nodes(tree, nodes, phis, tau2)
     return lmmse_decode_nodes(tree.node_variances, nodes, phis, tau2)
-
-
-def theory_baselines(
-    tree: TreePrior,
-    n_ctx: int,
-    noise_std: float,
-    budget: int,
-    *,
-    samples: int = 4000,
-    seed: int = 0,
-    optimised: bool = False,
-    dp: bool = False,
-    best_coord: bool = False,
-) -> dict[str, float]:
-    """All baselines of the CLI's ``theory`` command as plain floats (the book's appendix *Conventions*, section
-    "The command line").
-
-    Keys: ``tau2``, ``adaptive_greedy``, ``nonadaptive_coord`` (heap order), ``lmmse``,
-    ``gaussian_twin``, ``noisefree_adaptive``, ``noisefree_nonadaptive`` (heap order);
-    ``*_stderr`` for the Monte Carlo ones, ``samples``; plus ``nonadaptive_opt`` when
-    ``optimised``, ``dp_optimal`` (Gaussian channel with the same ``tau``, ``K <= 3``) when
-    ``dp``, and ``nonadaptive_best_coord`` with ``noisefree_best_coord`` (the set of
-    :func:`~fvlib.theory.closed_forms.best_fixed_nodes` and its exact noise-free loss) when ``best_coord``.
-    The extra strategies are evaluated after the others, so they change none of their numbers.
-    """
-    tau2 = channel_tau2(tree, n_ctx, noise_std)
-    names = ("adaptive_greedy", "nonadaptive_coord", "lmmse") + (("nonadaptive_opt",) if optimised else ())
-    names += ("nonadaptive_best_coord",) if best_coord else ()
-    best = best_fixed_nodes(tree, budget) if best_coord else None
-    est = evaluate_strategies(tree, n_ctx, noise_std, budget, samples=samples, seed=seed, strategies=names,
-                              nodes=best)
-    out = {"tau2": tau2}
-    for name, e in est.items():
-        out[name] = e.mean
-    out["gaussian_twin"] = gaussian_coordinate_loss(tree.node_variances, budget, tau2)
-    out["noisefree_adaptive"] = noisefree_adaptive_loss(tree, budget)
-    out["noisefree_nonadaptive"] = noisefree_nonadaptive_loss(tree, budget)
-    if best_coord:
-        out["noisefree_best_coord"] = noisefree_nodes_loss(tree, best)
-    if dp:
-        from .dp import dp_value  # local import: dp is optional and slower
-
-        out["dp_optimal"] = dp_value(tree, budget, math.sqrt(tau2))
-    for name, e in est.items():
-        out[f"{name}_stderr"] = e.stderr
-    out["samples"] = samples
-    return out
-

@@ -1,92 +1,56 @@
-"""Training experiments of models A, B, C and their theory overlays (chapters 5, *Gaussian
-prior*, and 8, *Experiments*; the book's appendix *Conventions*, sections "Models A, B, C" and "Strategies and their names").
+"""Figures of the training experiments of models A, B, C and their theory overlays (chapters
+5, *Gaussian prior*, and 8, *Experiments*; the book's appendix *Conventions*, sections
+"Models A, B, C" and "Strategies and their names").
 
-Experiment loops and figures of the chapters "Gaussian prior: depth does not help" and
-"Experiments: A vs B vs C":
+The runs themselves come from :mod:`fvlib.experiments` (:func:`~fvlib.experiments.shared_configs`,
+:func:`~fvlib.experiments.train_all`, :func:`~fvlib.experiments.depth_sweep`,
+:func:`~fvlib.experiments.depth_sweep_theory`); the figures here draw their results:
 
-* :func:`shared_configs` -- the book's SHARED training configurations (A, B, C on the tree
-  prior and on its Gaussian twin), trained once and reused by every chapter through
-  :func:`fvlib.train.run_dir_for`;
-* :func:`train_all` -- train (or reload) a dict of configs, each into its ``run_dir_for``;
-* :func:`twin_finite_n_loss` -- the Gaussian-twin closed form with the finite-``N`` term;
-* :func:`tree_posterior_cov` and :func:`plot_covariance_heatmaps` -- posterior covariances
-  (Gaussian: independent of the observations; tree: not);
+* :func:`plot_covariance_heatmaps` -- posterior covariances side by side (Gaussian:
+  independent of the observations; tree: not; see
+  :func:`fvlib.theory.posteriors.tree_posterior_cov`);
 * :func:`plot_training_curves` -- evaluation excess loss against step, log scale, with
   horizontal theory lines;
 * :func:`plot_grouped_bars` -- final excess losses as grouped bars with error bars and theory
   markers;
-* :func:`depth_sweep`, :func:`depth_sweep_theory` and :func:`plot_depth_sweep` -- model A
-  with ``L = 1..K`` layers against model B with ``d = 1..K`` channels, with theory curves.
+* :func:`plot_depth_sweep` -- model A with ``L = 1..K`` layers against model B with
+  ``d = 1..K`` channels (a :class:`fvlib.experiments.DepthSweep`), with theory curves.
 
-Colours: the Okabe-Ito palette (colour-blind safe), one fixed colour per model.
+Colours: the Okabe-Ito palette (colour-blind safe), one fixed colour per model
+(:data:`fvlib.plots.style.MODEL_COLORS`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from ..priors import TreePrior
-from ..theory import evaluate_strategies, tree_posterior_cov, twin_finite_n_loss  # noqa: F401 (re-exported)
-from ..train import TrainConfig, TrainResult, run_dir_for, train
-from .trees import OKABE_ITO as _OI
-
-OKABE_ITO = [_OI[k] for k in ("blue", "orange", "green", "vermillion", "purple", "sky", "yellow", "black")]
+from .style import MODEL_COLORS, OKABE_ITO, STRATEGY_LABELS, palette
 
 __all__ = [
-    "MODEL_COLORS",
     "THEORY_STYLES",
-    "shared_configs",
-    "train_all",
-    "twin_finite_n_loss",
-    "tree_posterior_cov",
     "plot_covariance_heatmaps",
     "plot_training_curves",
     "plot_grouped_bars",
-    "DepthSweep",
-    "depth_sweep",
-    "depth_sweep_theory",
     "plot_depth_sweep",
 ]
 
-#: One colour per model, used by every figure of the experiment chapters.
-MODEL_COLORS = {"A": _OI["green"], "B": _OI["orange"], "C": _OI["blue"]}
-#: Line styles and colours of the theory curves.
+#: Colours of successive runs whose label names no model.
+_SERIES = palette("blue", "orange", "green", "vermillion", "purple", "sky", "yellow", "black")
+
+#: Line styles and colours of the theory curves, each labelled with the word theory and the
+#: strategy's entry in :data:`~fvlib.plots.style.STRATEGY_LABELS`.
 THEORY_STYLES = {
-    "adaptive_greedy": dict(color=_OI["green"], ls="--", label="adaptive greedy (theory)"),
-    "nonadaptive_opt": dict(color=_OI["orange"], ls="--", label="optimised non-adaptive (theory)"),
-    "nonadaptive_coord": dict(color=_OI["purple"], ls=":", label="non-adaptive coordinates (theory)"),
-    "lmmse": dict(color=_OI["blue"], ls="--", label="LMMSE (theory)"),
+    "adaptive_greedy": dict(color=OKABE_ITO["green"], ls="--", label=f"theory: {STRATEGY_LABELS['adaptive_greedy']}"),
+    "nonadaptive_opt": dict(color=OKABE_ITO["orange"], ls="--", label=f"theory: {STRATEGY_LABELS['nonadaptive_opt']}"),
+    "nonadaptive_coord": dict(color=OKABE_ITO["purple"], ls=":",
+                              label=f"theory: {STRATEGY_LABELS['nonadaptive_coord']}"),
+    "lmmse": dict(color=OKABE_ITO["blue"], ls="--", label=f"theory: {STRATEGY_LABELS['lmmse']}"),
     "gaussian_closed_form": dict(color="0.3", ls="--", label="Gaussian closed form"),
 }
-
-
-def shared_configs(
-    models: Sequence[str] = ("A", "B", "C"),
-    priors: Sequence[str] = ("tree", "gaussian-twin"),
-    **overrides,
-) -> dict[tuple[str, str], TrainConfig]:
-    """The SHARED configurations ``{(model, prior): TrainConfig}`` of the book.
-
-    Depth ``K = 5``, ``alpha = 0.5``, ``N = 128``, ``sigma = 0``, budget ``M = 5``, 1500 steps;
-    ``overrides`` change any :class:`~fvlib.train.TrainConfig` field for all of them (e.g. a
-    bigger ``FULL`` run). With no overrides the run directories are shared between chapters.
-    """
-    base = dict(depth=5, alpha=0.5, n_ctx=128, noise_std=0.0, budget=5, steps=1500)
-    base.update(overrides)
-    return {(m, p): TrainConfig(model=m, prior=p, **base) for p in priors for m in models}
-
-
-def train_all(configs: Mapping, progress: bool = True) -> dict:
-    """Train every config into ``run_dir_for(config)`` (reloaded when already trained).
-
-    Returns ``{key: TrainResult}`` with the keys of ``configs``.
-    """
-    return {key: train(cfg, out_dir=run_dir_for(cfg), progress=progress) for key, cfg in configs.items()}
 
 
 def plot_covariance_heatmaps(covs, titles: Sequence[str], axes=None, vmax: float | None = None, cmap="RdBu_r"):
@@ -126,7 +90,7 @@ def plot_training_curves(
     Args:
         histories: ``{label: history}`` where ``history`` is ``TrainResult.history`` (a list of
             dicts with ``step``, ``eval_excess_loss``, ``eval_stderr``). The first character of
-            the label picks the colour from :data:`MODEL_COLORS` unless ``colors`` is given.
+            the label picks the colour from :data:`~fvlib.plots.style.MODEL_COLORS` unless ``colors`` is given.
         theory: ``{label: value}``; each is drawn as a dashed horizontal line in the colour of
             the run with the same label.
     Returns the axes.
@@ -135,7 +99,7 @@ def plot_training_curves(
         _, ax = plt.subplots(figsize=(5.5, 3.6))
     colors = dict(colors or {})
     for i, (label, hist) in enumerate(histories.items()):
-        color = colors.get(label, MODEL_COLORS.get(label[:1], OKABE_ITO[i % len(OKABE_ITO)]))
+        color = colors.get(label, MODEL_COLORS.get(label[:1], _SERIES[i % len(_SERIES)]))
         colors[label] = color
         steps = np.array([h["step"] for h in hist], dtype=float)
         loss = np.array([h["eval_excess_loss"] for h in hist], dtype=float)
@@ -179,7 +143,7 @@ def plot_grouped_bars(
         means = np.array([values[g].get(lab, (np.nan, 0.0))[0] for g in groups], dtype=float)
         ses = np.array([values[g].get(lab, (np.nan, 0.0))[1] for g in groups], dtype=float)
         bars[lab] = ax.bar(
-            xs, means, width * 0.92, yerr=2 * ses, capsize=3, color=MODEL_COLORS.get(lab, OKABE_ITO[j]), label=lab
+            xs, means, width * 0.92, yerr=2 * ses, capsize=3, color=MODEL_COLORS.get(lab, _SERIES[j]), label=lab
         )
         for x, g in zip(xs, groups):
             if theory and lab in theory.get(g, {}):
@@ -195,65 +159,6 @@ def plot_grouped_bars(
     ax.set_ylabel(r"final excess loss")
     ax.legend(fontsize=8)
     return bars
-
-
-@dataclass
-class DepthSweep:
-    """Final excess losses of trained models over a range of budgets.
-
-    ``loss[model]`` and ``stderr[model]`` are arrays of shape ``(len(budgets),)``;
-    ``configs[model]`` lists the :class:`~fvlib.train.TrainConfig` of each point.
-    """
-
-    budgets: np.ndarray
-    loss: dict = field(default_factory=dict)
-    stderr: dict = field(default_factory=dict)
-    configs: dict = field(default_factory=dict)
-    results: dict = field(default_factory=dict)
-
-
-def depth_sweep(
-    budgets: Sequence[int],
-    models: Sequence[str] = ("A", "B"),
-    progress: bool = True,
-    **config,
-) -> DepthSweep:
-    """Train ``TrainConfig(model=X, budget=M, **config)`` for every model and budget.
-
-    Model A with budget ``M`` has ``L = M`` layers of one channel; model B has one layer of
-    ``d = M`` channels. Each run goes to ``run_dir_for`` (trained once, then reloaded). The
-    reported loss is the final evaluation (``history[-1]``: ``eval_contexts`` fresh contexts).
-    """
-    out = DepthSweep(budgets=np.asarray(list(budgets), dtype=int))
-    for model in models:
-        cfgs = [TrainConfig(model=model, budget=int(m), **config) for m in budgets]
-        res: list[TrainResult] = [train(c, out_dir=run_dir_for(c), progress=progress) for c in cfgs]
-        out.configs[model] = cfgs
-        out.results[model] = res
-        out.loss[model] = np.array([r.history[-1]["eval_excess_loss"] for r in res])
-        out.stderr[model] = np.array([r.history[-1]["eval_stderr"] for r in res])
-    return out
-
-
-def depth_sweep_theory(
-    tree: TreePrior,
-    n_ctx: int,
-    noise_std: float,
-    budgets: Sequence[int],
-    samples: int = 2000,
-    seed: int = 0,
-    strategies: Sequence[str] = ("adaptive_greedy", "nonadaptive_opt", "nonadaptive_coord"),
-) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Theory curves for :func:`plot_depth_sweep`: ``{strategy: (mean (n,), stderr (n,))}``.
-
-    One :func:`fvlib.theory.evaluate_strategies` call per budget (finite-``N`` statistics,
-    ``samples`` contexts, the same ``seed`` for every budget).
-    """
-    per = [
-        evaluate_strategies(tree, n_ctx, noise_std, int(m), samples=samples, seed=seed, strategies=tuple(strategies))
-        for m in budgets
-    ]
-    return {s: (np.array([p[s].mean for p in per]), np.array([p[s].stderr for p in per])) for s in strategies}
 
 
 def plot_depth_sweep(sweep: DepthSweep, theory: Mapping[str, tuple] | None = None, ax=None, labels=None):

@@ -1,4 +1,5 @@
-"""fvlib.plots.experiments: shared configs, finite-N twin loss, posterior covariances, figures."""
+"""Shared configs and depth sweeps (fvlib.experiments), finite-N twin loss and posterior
+covariances (fvlib.theory), and the training figures (fvlib.plots.training)."""
 
 import matplotlib
 
@@ -8,20 +9,14 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from fvlib import GaussianPrior, TreePrior  # noqa: E402
-from fvlib.plots.experiments import (  # noqa: E402
-    DepthSweep,
-    depth_sweep,
-    depth_sweep_theory,
+from fvlib.experiments import DepthSweep, depth_sweep, depth_sweep_theory, shared_configs, train_all  # noqa: E402
+from fvlib.plots.training import (  # noqa: E402
     plot_covariance_heatmaps,
     plot_depth_sweep,
     plot_grouped_bars,
     plot_training_curves,
-    shared_configs,
-    train_all,
-    tree_posterior_cov,
-    twin_finite_n_loss,
 )
-from fvlib.theory import channel_tau2, gaussian_coordinate_loss  # noqa: E402
+from fvlib.theory import channel_tau2, gaussian_coordinate_loss, tree_posterior_cov, twin_finite_n_loss  # noqa: E402
 from fvlib.train import TrainConfig, run_dir_for  # noqa: E402
 
 

@@ -1,0 +1,386 @@
+"""The experiments of the chapters: the loops that train models, sweep Monte Carlo estimates
+and run hooked models, returning plain results that :mod:`fvlib.plots` draws.
+
+This layer sits between :mod:`fvlib.patching` and :mod:`fvlib.plots`: it computes and does not
+draw; the figure functions take its results. One section per chapter family:
+
+Training (chapters 5, *Gaussian prior*, and 8, *Experiments*; the book's appendix
+*Conventions*, section "Models A, B, C"):
+
+* :func:`shared_configs` -- the book's SHARED training configurations (A, B, C on the tree
+  prior and on its Gaussian twin), trained once and reused by every chapter through
+  :func:`fvlib.train.run_dir_for`;
+* :func:`train_all` -- train (or reload) a dict of configs, each into its ``run_dir_for``;
+* :func:`depth_sweep` and :func:`depth_sweep_theory` -- model A with ``L = 1..K`` layers
+  against model B with ``d = 1..K`` channels, and the theory curves beside them.
+
+Decay with depth and budget (chapter 6, *Tree prior*):
+
+* :func:`closed_form_curves` -- the two noise-free closed forms over a range of budgets;
+* :func:`best_coord_curves` -- the noise-free loss of the best fixed coordinate set and its
+  two bounds over a range of budgets;
+* :func:`decay_sweep` -- Monte Carlo losses of several strategies over a range of budgets
+  (one :func:`fvlib.theory.strategies.evaluate_strategies` call per budget, same seed, so
+  every budget sees the same contexts);
+* :func:`advantage_sweep` -- the adaptive advantage over a grid of ``alpha`` and context
+  lengths ``N``.
+
+Inside a trained model (chapters 9, *Inside the model*, and 10, *Causal interventions*):
+
+* :func:`measurement_profile` -- where each layer of a gated-router model puts its
+  measurement weight, relative to the context's own path;
+* :func:`workspace_projections` -- principal-component projections of the workspace
+  ``Phi_l`` of every layer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .models import hook_name
+from .priors import TreePrior
+from .theory import (
+    best_fixed_nodes,
+    channel_tau2,
+    evaluate_strategies,
+    noisefree_adaptive_loss,
+    noisefree_nodes_loss,
+    noisefree_nonadaptive_loss,
+)
+from .train import TrainConfig, TrainResult, run_dir_for, train
+
+__all__ = [
+    "shared_configs",
+    "train_all",
+    "DepthSweep",
+    "depth_sweep",
+    "depth_sweep_theory",
+    "closed_form_curves",
+    "best_coord_curves",
+    "DecaySweep",
+    "decay_sweep",
+    "AdvantageGrid",
+    "advantage_sweep",
+    "measurement_profile",
+    "workspace_projections",
+]
+
+
+# ----------------------------------------------------------------------------------------
+# Training (chapters 5 and 8)
+# ----------------------------------------------------------------------------------------
+def shared_configs(
+    models: Sequence[str] = ("A", "B", "C"),
+    priors: Sequence[str] = ("tree", "gaussian-twin"),
+    **overrides,
+) -> dict[tuple[str, str], TrainConfig]:
+    """The SHARED configurations ``{(model, prior): TrainConfig}`` of the book.
+
+    Depth ``K = 5``, ``alpha = 0.5``, ``N = 128``, ``sigma = 0``, budget ``M = 5``, 1500 steps;
+    ``overrides`` change any :class:`~fvlib.train.TrainConfig` field for all of them (e.g. a
+    bigger ``FULL`` run). With no overrides the run directories are shared between chapters.
+    """
+    base = dict(depth=5, alpha=0.5, n_ctx=128, noise_std=0.0, budget=5, steps=1500)
+    base.update(overrides)
+    return {(m, p): TrainConfig(model=m, prior=p, **base) for p in priors for m in models}
+
+
+def train_all(configs: Mapping, progress: bool = True) -> dict:
+    """Train every config into ``run_dir_for(config)`` (reloaded when already trained).
+
+    Returns ``{key: TrainResult}`` with the keys of ``configs``.
+    """
+    return {key: train(cfg, out_dir=run_dir_for(cfg), progress=progress) for key, cfg in configs.items()}
+
+
+@dataclass
+class DepthSweep:
+    """Final excess losses of trained models over a range of budgets.
+
+    ``loss[model]`` and ``stderr[model]`` are arrays of shape ``(len(budgets),)``;
+    ``configs[model]`` lists the :class:`~fvlib.train.TrainConfig` of each point.
+    """
+
+    budgets: np.ndarray
+    loss: dict = field(default_factory=dict)
+    stderr: dict = field(default_factory=dict)
+    configs: dict = field(default_factory=dict)
+    results: dict = field(default_factory=dict)
+
+
+def depth_sweep(
+    budgets: Sequence[int],
+    models: Sequence[str] = ("A", "B"),
+    progress: bool = True,
+    **config,
+) -> DepthSweep:
+    """Train ``TrainConfig(model=X, budget=M, **config)`` for every model and budget.
+
+    Model A with budget ``M`` has ``L = M`` layers of one channel; model B has one layer of
+    ``d = M`` channels. Each run goes to ``run_dir_for`` (trained once, then reloaded). The
+    reported loss is the final evaluation (``history[-1]``: ``eval_contexts`` fresh contexts).
+    """
+    out = DepthSweep(budgets=np.asarray(list(budgets), dtype=int))
+    for model in models:
+        cfgs = [TrainConfig(model=model, budget=int(m), **config) for m in budgets]
+        res: list[TrainResult] = [train(c, out_dir=run_dir_for(c), progress=progress) for c in cfgs]
+        out.configs[model] = cfgs
+        out.results[model] = res
+        out.loss[model] = np.array([r.history[-1]["eval_excess_loss"] for r in res])
+        out.stderr[model] = np.array([r.history[-1]["eval_stderr"] for r in res])
+    return out
+
+
+def depth_sweep_theory(
+    tree: TreePrior,
+    n_ctx: int,
+    noise_std: float,
+    budgets: Sequence[int],
+    samples: int = 2000,
+    seed: int = 0,
+    strategies: Sequence[str] = ("adaptive_greedy", "nonadaptive_opt", "nonadaptive_coord"),
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Theory curves for :func:`fvlib.plots.training.plot_depth_sweep`: ``{strategy: (mean (n,), stderr (n,))}``.
+
+    One :func:`fvlib.theory.strategies.evaluate_strategies` call per budget (finite-``N`` statistics,
+    ``samples`` contexts, the same ``seed`` for every budget).
+    """
+    per = [
+        evaluate_strategies(tree, n_ctx, noise_std, int(m), samples=samples, seed=seed, strategies=tuple(strategies))
+        for m in budgets
+    ]
+    return {s: (np.array([p[s].mean for p in per]), np.array([p[s].stderr for p in per])) for s in strategies}
+
+
+# ----------------------------------------------------------------------------------------
+# Decay with depth and budget (chapter 6)
+# ----------------------------------------------------------------------------------------
+def closed_form_curves(tree: TreePrior, budgets) -> dict[str, np.ndarray]:
+    """Noise-free losses at each budget ``M`` in ``budgets`` (positive integers).
+
+    Returns ``{"adaptive": (len(budgets),), "nonadaptive": (len(budgets),)}`` from
+    :func:`fvlib.theory.closed_forms.noisefree_adaptive_loss` (``L = M`` layers, one node each) and
+    :func:`fvlib.theory.closed_forms.noisefree_nonadaptive_loss` (the first ``M`` nodes in heap order).
+    """
+    budgets = [int(m) for m in budgets]
+    return {
+        "adaptive": np.array([noisefree_adaptive_loss(tree, m) for m in budgets]),
+        "nonadaptive": np.array([noisefree_nonadaptive_loss(tree, m) for m in budgets]),
+    }
+
+
+def best_coord_curves(tree: TreePrior, budgets) -> dict[str, np.ndarray]:
+    """Noise-free losses of fixed coordinate sets at each budget ``M`` in ``budgets``.
+
+    Returns ``(len(budgets),)`` arrays: ``"best"``, the loss of
+    :func:`fvlib.theory.closed_forms.best_fixed_nodes` (exact search for small ``comb(D, M)``, a local
+    search otherwise); ``"heap"``, the first ``M`` nodes in heap order; ``"lower"``, the bound
+    ``sum_k alpha^k max(0, 1 - M / 2^k)`` below which no fixed set of ``M`` coordinates can go;
+    ``"upper"``, the loss ``sum_{k >= L} alpha^k`` of reading all ``2^(L-1)`` nodes of level
+    ``L - 1`` for the largest ``L`` with ``2^(L-1) <= M`` (the remaining reads are not
+    counted), an upper bound on the best set. Also ``"nodes"``: a list of the best sets.
+    """
+    budgets = [int(m) for m in budgets]
+    a, K = tree.alpha, tree.depth
+    nodes = [best_fixed_nodes(tree, m) for m in budgets]
+    levels = [min(m.bit_length(), K) for m in budgets]  # L with 2^(L-1) <= M < 2^L
+    return {
+        "best": np.array([noisefree_nodes_loss(tree, n) for n in nodes]),
+        "heap": np.array([noisefree_nonadaptive_loss(tree, m) for m in budgets]),
+        "lower": np.array([sum(a**k * max(0.0, 1 - m / 2**k) for k in range(K)) for m in budgets]),
+        "upper": np.array([sum(a**k for k in range(L, K)) for L in levels]),
+        "nodes": nodes,
+    }
+
+
+@dataclass(frozen=True)
+class DecaySweep:
+    """Monte Carlo losses over budgets.
+
+    ``budgets (B,)``; ``mean[name]`` and ``stderr[name]`` are ``(B,)`` arrays per strategy;
+    ``samples`` contexts per budget; ``n_ctx``, ``noise_std`` and the channel variance ``tau2``.
+    """
+
+    budgets: np.ndarray
+    mean: dict = field(default_factory=dict)
+    stderr: dict = field(default_factory=dict)
+    samples: int = 0
+    n_ctx: int = 0
+    noise_std: float = 0.0
+    tau2: float = 0.0
+
+
+def decay_sweep(tree: TreePrior, n_ctx: int, noise_std: float, budgets, *, samples: int = 2000, seed: int = 0,
+                strategies=("adaptive_greedy", "nonadaptive_coord"), channel: str = "finite") -> DecaySweep:
+    """Excess losses of ``strategies`` at every budget, finite-``N`` statistic by default.
+
+    One :func:`fvlib.theory.strategies.evaluate_strategies` call per budget with the same ``seed``: the
+    contexts (and their statistics) are the same at every budget, so the curves are smooth
+    and their differences are not Monte Carlo noise between budgets.
+    """
+    budgets = np.array([int(m) for m in budgets])
+    mean = {name: np.empty(len(budgets)) for name in strategies}
+    stderr = {name: np.empty(len(budgets)) for name in strategies}
+    for i, m in enumerate(budgets):
+        est = evaluate_strategies(tree, n_ctx, noise_std, int(m), samples=samples, seed=seed,
+                                  strategies=tuple(strategies), channel=channel)
+        for name in strategies:
+            mean[name][i] = est[name].mean
+            stderr[name][i] = est[name].stderr
+    return DecaySweep(budgets, mean, stderr, samples, n_ctx, noise_std, channel_tau2(tree, n_ctx, noise_std))
+
+
+@dataclass(frozen=True)
+class AdvantageGrid:
+    """Adaptive advantage over a grid: rows ``alphas (A,)``, columns ``n_ctxs (N,)``.
+
+    ``adaptive``, ``baseline`` and their standard errors are ``(A, N)`` Monte Carlo losses;
+    ``ratio = baseline / adaptive``; ``log_se`` is the standard error of ``log(ratio)`` by the
+    delta method, treating the two estimates as independent (they share contexts and are
+    positively correlated, so this overstates the error); ``noisefree_ratio (A,)`` is the
+    ratio of the noise-free closed forms (``N -> infinity``) for the coordinate baseline, and
+    NaN for other baselines (optimised directions have no closed form).
+
+    With ``best_coord`` (coordinate baseline only) the grid also holds, per row, the best
+    fixed coordinate set without noise (:func:`fvlib.theory.closed_forms.best_fixed_nodes`):
+    ``noisefree_best (A,)`` its exact noise-free loss, ``noisefree_best_ratio (A,)`` that over
+    the noise-free adaptive loss, and ``best_coord``, ``best_coord_se (A, N)`` the Monte Carlo
+    loss of reading that set at finite ``N`` (same contexts). No fixed set of ``M``
+    coordinates does better at any ``N`` than the best one without noise (the finite-``N``
+    reads of a set ``S`` depend on ``theta`` only through ``theta_S``), so
+    ``best_lower = noisefree_best / adaptive`` is a lower bound on the advantage over *every*
+    fixed coordinate set, and ``best_upper = min(baseline, best_coord) / adaptive`` (the
+    better of the two sets tried) an upper bound.
+    """
+
+    alphas: np.ndarray
+    n_ctxs: np.ndarray
+    depth: int
+    budget: int
+    samples: int
+    baseline_name: str
+    adaptive: np.ndarray
+    adaptive_se: np.ndarray
+    baseline: np.ndarray
+    baseline_se: np.ndarray
+    noisefree_ratio: np.ndarray
+    best_coord: np.ndarray | None = None
+    best_coord_se: np.ndarray | None = None
+    noisefree_best: np.ndarray | None = None
+    noisefree_best_ratio: np.ndarray | None = None
+
+    @property
+    def ratio(self) -> np.ndarray:
+        return self.baseline / self.adaptive
+
+    @property
+    def best_lower(self) -> np.ndarray:
+        """``noisefree_best / adaptive`` ``(A, N)``: a lower bound on the advantage over every
+        fixed coordinate set (``None`` without ``best_coord``); its log has standard error
+        ``adaptive_se / adaptive``."""
+        return None if self.noisefree_best is None else self.noisefree_best[:, None] / self.adaptive
+
+    @property
+    def best_upper(self) -> np.ndarray:
+        """``min(baseline, best_coord) / adaptive`` ``(A, N)`` (``None`` without ``best_coord``)."""
+        return None if self.best_coord is None else np.minimum(self.baseline, self.best_coord) / self.adaptive
+
+    @property
+    def log_se(self) -> np.ndarray:
+        return np.hypot(self.adaptive_se / self.adaptive, self.baseline_se / self.baseline)
+
+
+def advantage_sweep(alphas, n_ctxs, *, depth: int, budget: int, samples: int = 1000, seed: int = 0,
+                    noise_std: float = 0.0, baseline: str = "nonadaptive_coord",
+                    best_coord: bool = False) -> AdvantageGrid:
+    """Monte Carlo ``baseline / adaptive_greedy`` on every ``(alpha, N)`` of a grid.
+
+    Each cell is one :func:`fvlib.theory.strategies.evaluate_strategies` call with ``samples`` contexts
+    of a ``TreePrior(depth, alpha)``, budget ``M = budget`` (the adaptive policy uses
+    ``L = M`` layers of one node), the finite-``N`` statistic and its own seed
+    ``seed + 1000 i + j``. ``baseline`` is ``"nonadaptive_coord"`` (heap order) or
+    ``"nonadaptive_opt"`` (the latter optimises directions per cell, which is slow). With
+    ``best_coord`` (heap-order baseline only) each cell also reads the best noise-free fixed
+    coordinate set of its row on the same contexts (see :class:`AdvantageGrid`); the other
+    numbers do not change.
+    """
+    if best_coord and baseline != "nonadaptive_coord":
+        raise ValueError(f"best_coord needs baseline='nonadaptive_coord', got {baseline!r}")
+    alphas = np.asarray(alphas, dtype=float)
+    n_ctxs = np.asarray(n_ctxs, dtype=int)
+    shape = (len(alphas), len(n_ctxs))
+    ad, ad_se, bl, bl_se, bc, bc_se = (np.empty(shape) for _ in range(6))
+    noisefree, nf_best, nf_best_ratio = (np.empty(len(alphas)) for _ in range(3))
+    names = ("adaptive_greedy", baseline) + (("nonadaptive_best_coord",) if best_coord else ())
+    for i, a in enumerate(alphas):
+        tree = TreePrior(depth, float(a))
+        ad_nf = noisefree_adaptive_loss(tree, budget)
+        if baseline != "nonadaptive_coord":
+            noisefree[i] = math.nan
+        else:
+            noisefree[i] = noisefree_nonadaptive_loss(tree, budget) / ad_nf if ad_nf > 0 else math.inf
+        nodes = best_fixed_nodes(tree, budget) if best_coord else None
+        if best_coord:
+            nf_best[i] = noisefree_nodes_loss(tree, nodes)
+            nf_best_ratio[i] = nf_best[i] / ad_nf if ad_nf > 0 else math.inf
+        for j, n in enumerate(n_ctxs):
+            est = evaluate_strategies(tree, int(n), noise_std, budget, samples=samples, seed=seed + 1000 * i + j,
+                                      strategies=names, nodes=nodes)
+            ad[i, j], ad_se[i, j] = est["adaptive_greedy"].mean, est["adaptive_greedy"].stderr
+            bl[i, j], bl_se[i, j] = est[baseline].mean, est[baseline].stderr
+            if best_coord:
+                bc[i, j], bc_se[i, j] = est["nonadaptive_best_coord"].mean, est["nonadaptive_best_coord"].stderr
+    extra = (bc, bc_se, nf_best, nf_best_ratio) if best_coord else ()
+    return AdvantageGrid(alphas, n_ctxs, depth, budget, samples, baseline, ad, ad_se, bl, bl_se, noisefree, *extra)
+
+
+# ----------------------------------------------------------------------------------------
+# Inside a trained model (chapters 9 and 10)
+# ----------------------------------------------------------------------------------------
+def measurement_profile(model, tree, batch):
+    """Where a gated-router model looks: for every layer ``l`` and tree level ``k``, the mean
+    fraction of the squared weight of the measurement matrix ``G_l(Phi_{l-1})`` (all ``d``
+    channels together) that falls on the context's *own* path node at level ``k``.
+
+    ``batch``: a :class:`fvlib.task.TaskBatch` from ``tree`` (its ``signs`` give the paths).
+    Returns a ``(L, K + 1)`` numpy array; the last column is the weight off the path. Rows sum
+    to one. In the ideal adaptive policy row ``l`` is the indicator of level ``l - 1``.
+    """
+    if model.config.router != "gated":
+        raise ValueError(f"measurement_profile needs a gated router, got {model.config.router!r}")
+    with torch.no_grad():
+        _, cache = model.run_with_cache(batch, names_filter=hook_name("workspace", "*"))
+        nodes = tree.path_nodes(batch.signs.cpu())  # (B, K)
+        rows = []
+        for l in range(1, model.config.n_layers + 1):
+            previous = cache[hook_name("workspace", l - 1)] if l > 1 else batch.x.new_zeros(batch.x.shape[0], 0)
+            weight = (model.block(l).router.matrix(previous.to(batch.x.dtype)) ** 2).sum(1).double().cpu()  # (B, D)
+            weight = weight / weight.sum(-1, keepdim=True)
+            on_path = weight.gather(-1, nodes)  # (B, K)
+            rows.append(torch.cat([on_path, 1 - on_path.sum(-1, keepdim=True)], dim=-1).mean(0))
+    return torch.stack(rows).numpy()
+
+
+def workspace_projections(model, batch, components: int = 2) -> list[dict]:
+    """Principal-component projections of the workspace ``Phi_l`` of every layer.
+
+    ``batch``: a :class:`fvlib.task.TaskBatch` with ``B`` contexts. For each layer ``l`` the
+    centred workspaces ``(B, l d)`` are projected on their top ``min(components, l d)``
+    principal directions (``torch.linalg.svd``). Returns a list of ``L`` dicts with
+    ``coords`` (``(B, c)`` numpy array) and ``explained`` (``(c,)`` fractions of variance).
+    """
+    with torch.no_grad():
+        _, cache = model.run_with_cache(batch, names_filter=hook_name("workspace", "*"))
+    out = []
+    for l in range(1, model.config.n_layers + 1):
+        phi = cache[hook_name("workspace", l)].double().cpu()
+        centred = phi - phi.mean(0)
+        _, s, vh = torch.linalg.svd(centred, full_matrices=False)
+        c = min(components, vh.shape[0])
+        out.append({"coords": (centred @ vh[:c].T).numpy(), "explained": (s[:c] ** 2 / (s**2).sum()).numpy()})
+    return out

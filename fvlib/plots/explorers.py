@@ -1,0 +1,171 @@
+"""The figures of the four explorers of :mod:`fvlib.widgets`, as figure functions a chapter can
+call too.
+
+Each function draws the results it is given (it samples, trains and patches nothing) on a
+``matplotlib.figure.Figure`` and returns it. Without ``figure`` a new one is made outside
+pyplot (no global state, safe from the explorers' background threads); pass
+``plt.figure(figsize=...)`` to draw into a pyplot figure instead.
+
+* :func:`plot_prior_sample` -- the tree with a sampled path beside the sampled ``theta`` and a
+  draw from the Gaussian twin (chapter 2);
+* :func:`plot_strategy_curves` -- Monte Carlo losses of the adaptive greedy, non-adaptive and
+  LMMSE strategies over budgets, from a :class:`fvlib.experiments.DecaySweep` (chapter 6);
+* :func:`plot_training_run` -- a run's evaluation loss against its theory baseline (chapter 8);
+* :func:`plot_patching_cell` -- the key-patching heatmap with one cell outlined, its row for the
+  model and the theory, and what that patch does to each level of the prediction (chapter 10).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+from ..patching import patching_ratio
+from .decay import plot_decay
+from .interventions import plot_patching_heatmap
+from .style import MODEL_COLORS, OKABE_ITO, STRATEGY_LABELS
+from .trees import draw_tree_prior
+
+__all__ = [
+    "STRATEGY_COLORS",
+    "plot_prior_sample",
+    "plot_strategy_curves",
+    "plot_training_run",
+    "plot_patching_cell",
+]
+
+#: Colours of the strategies in :func:`plot_strategy_curves` (those of models A, B, C).
+STRATEGY_COLORS = {"adaptive_greedy": MODEL_COLORS["A"], "nonadaptive_coord": MODEL_COLORS["B"],
+                   "lmmse": MODEL_COLORS["C"]}
+
+
+def _figure(figure, figsize) -> Figure:
+    return Figure(figsize=figsize) if figure is None else figure
+
+
+def plot_prior_sample(tree, signs, theta, twin_theta, figure=None) -> Figure:
+    """The tree prior with the sampled path ``signs (K,)`` (left) and, as bars over the
+    coordinates in heap order, the tree sample ``theta (D,)`` beside a Gaussian-twin sample
+    ``twin_theta (D,)`` (right). Returns the figure (two axes)."""
+    figure = _figure(figure, (11.5, 3.6))
+    depth = tree.depth
+    ax_tree, ax_theta = figure.subplots(1, 2, gridspec_kw={"width_ratios": [1.1, 1.4]})
+    draw_tree_prior(tree, signs, ax=ax_tree, show_values=depth <= 4)
+    ax_tree.set_title(f"tree prior, K = {depth}, alpha = {tree.alpha:.2f}: one path per context", fontsize=10)
+    index = np.arange(tree.dim)
+    ax_theta.bar(index - 0.2, np.asarray(theta), width=0.4, color=OKABE_ITO["vermillion"],
+                 label=r"tree sample $\theta$")
+    ax_theta.bar(index + 0.2, np.asarray(twin_theta), width=0.4, color=OKABE_ITO["blue"], label="Gaussian twin sample")
+    for level in range(1, depth):
+        ax_theta.axvline(2**level - 1.5, color="0.8", lw=0.8)
+    ax_theta.axhline(0, color="k", lw=0.6)
+    ax_theta.set_xlabel("coordinate n (heap order; grey lines separate levels)")
+    ax_theta.set_ylabel(r"$\theta_n$")
+    ax_theta.legend(fontsize=8, frameon=False)
+    ax_theta.set_title("same second moments, different structure", fontsize=10)
+    figure.tight_layout()
+    return figure
+
+
+def plot_strategy_curves(sweep, tree, strategies: Sequence[str] = tuple(STRATEGY_COLORS), figure=None) -> Figure:
+    """Excess loss against budget (log ``y``, error bars 2 s.e.) of ``strategies`` in a
+    :class:`fvlib.experiments.DecaySweep` of ``tree``; labels from
+    :data:`~fvlib.plots.style.STRATEGY_LABELS`, colours from :data:`STRATEGY_COLORS`. The title
+    states the task (``K``, ``alpha``, ``N``, ``sigma``, ``tau^2``). Returns the figure."""
+    figure = _figure(figure, (7.5, 4.0))
+    ax = figure.subplots()
+    for name in strategies:
+        plot_decay(ax, sweep.budgets, sweep.mean[name], yerr=sweep.stderr[name], label=STRATEGY_LABELS[name],
+                   color=STRATEGY_COLORS[name])
+    ax.set_yscale("log")
+    ax.set_xlabel("budget M (= layers L for the adaptive strategy)")
+    ax.set_ylabel(r"excess loss $\mathbb{E}\|\hat\theta-\theta\|^2$")
+    ax.set_title(f"K = {tree.depth}, alpha = {tree.alpha:.2f}, N = {sweep.n_ctx}, sigma = {sweep.noise_std:.2f} "
+                 f"(tau^2 = {sweep.tau2:.3g}); error bars 2 s.e.", fontsize=9)
+    ax.legend(fontsize=8, frameon=False)
+    figure.tight_layout()
+    return figure
+
+
+def plot_training_run(config, history: Sequence[Mapping], reference: Mapping, status: str, figure=None) -> Figure:
+    """Evaluation excess loss of a run against training step (log ``y``, band 2 s.e.) with its
+    theory baseline as a dashed line.
+
+    Args:
+        config: the run's :class:`fvlib.train.TrainConfig` (model, prior, depth, budget, steps).
+        history: ``TrainResult.history`` so far (may be empty).
+        reference: :func:`fvlib.train.theory_reference` of the config (``name``, ``value``).
+        status: a few words for the title (e.g. ``"training"``).
+    Returns the figure.
+    """
+    figure = _figure(figure, (7.0, 3.8))
+    ax = figure.subplots()
+    color = MODEL_COLORS[config.model]
+    if history:
+        steps = [h["step"] for h in history]
+        loss = np.array([h["eval_excess_loss"] for h in history])
+        err = 2 * np.array([h["eval_stderr"] for h in history])
+        ax.fill_between(steps, np.maximum(loss - err, 1e-6), loss + err, color=color, alpha=0.2, lw=0)
+        ax.plot(steps, loss, "o-", ms=3, color=color, label=f"model {config.model} (evaluation set)")
+    ax.axhline(reference["value"], ls="--", color="k", lw=1, label=f"theory: {reference['name']}")
+    ax.set_xlim(0, config.steps)
+    ax.set_yscale("log")
+    ax.set_xlabel("training step")
+    ax.set_ylabel(r"excess loss $\mathbb{E}\|\hat\theta-\theta\|^2$")
+    ax.set_title(f"model {config.model}, {config.prior} prior, K = {config.depth}, M = {config.budget}: {status}",
+                 fontsize=9)
+    ax.legend(fontsize=8, frameon=False)
+    figure.tight_layout()
+    return figure
+
+
+def plot_patching_cell(sweeps: Mapping, effect, figure=None) -> Figure:
+    """One cell ``(m, l)`` of a key-patching sweep in context: the heatmap with the cell
+    outlined (left), row ``m`` of the heatmap for each sweep (middle) and, level by level, the
+    overlap of the patched prediction with the target's and the donor's path (right).
+
+    Args:
+        sweeps: ``{"model": PatchingResult, "theory": PatchingResult}`` or just the theory's
+            (the heatmap is the model's when there is one).
+        effect: the :class:`fvlib.patching.LevelEffect` of the cell (its ``split_level`` and
+            ``layer`` pick the cell).
+    Returns the figure (three axes).
+    """
+    split_level, layer = effect.split_level, effect.layer
+    main = sweeps["model"] if "model" in sweeps else sweeps["theory"]
+    source = "trained model" if "model" in sweeps else "greedy theory policy"
+    n_layers = patching_ratio(main).shape[1]
+    figure = _figure(figure, (12.5, 3.7))
+    ax_map, ax_row, ax_level = figure.subplots(1, 3, gridspec_kw={"width_ratios": [1.0, 1.1, 1.1]})
+    plot_patching_heatmap(main, ax=ax_map, title=f"{source}: loss ratio", colorbar=False)
+    ax_map.add_patch(Rectangle((layer - 1.45, split_level - 1.45), 0.9, 0.9, fill=False, ec="k", lw=2.5))
+    layers = np.arange(1, n_layers + 1)
+    for name, result in sweeps.items():
+        ratio = patching_ratio(result)[split_level - 1]
+        style = {"model": ("o-", MODEL_COLORS["A"], "trained model"), "theory": ("s--", "k", "greedy theory")}[name]
+        ax_row.plot(layers, ratio, style[0], color=style[1], label=style[2], ms=4)
+    ax_row.axvline(layer, color=OKABE_ITO["vermillion"], lw=1)
+    ax_row.axvspan(split_level + 0.5, n_layers + 0.5, color="0.92", zorder=0)
+    ax_row.set_yscale("log")
+    ax_row.set_xticks(layers)
+    ax_row.set_xlabel("patched layer l (shaded: l > m)")
+    ax_row.set_ylabel("patched / unpatched loss")
+    ax_row.set_title(f"row m = {split_level} of the heatmap", fontsize=10)
+    ax_row.legend(fontsize=8, frameon=False)
+    target, donor, baseline = (np.asarray(v) for v in (effect.target, effect.donor, effect.baseline))
+    levels = np.arange(len(target))
+    ax_level.bar(levels - 0.2, target, 0.4, color=OKABE_ITO["green"], label="target's path")
+    ax_level.bar(levels + 0.2, donor, 0.4, color=OKABE_ITO["orange"], label="donor's path")
+    ax_level.plot(levels, baseline, "k_", ms=18, mew=2, label="unpatched (target)")
+    ax_level.axhline(0, color="k", lw=0.6)
+    ax_level.set_xticks(levels)
+    ax_level.set_ylim(-1.15, 1.15)
+    ax_level.set_xlabel("tree level k")
+    ax_level.set_ylabel("overlap of the prediction")
+    ax_level.set_title(f"patch (m = {split_level}, l = {layer}), level by level", fontsize=10)
+    ax_level.legend(fontsize=7, frameon=False, loc="lower left")
+    figure.tight_layout()
+    return figure

@@ -1,0 +1,50 @@
+"""The look shared by every figure of the book and the explorers: one palette, one colour per
+model, one name per strategy.
+
+* :data:`OKABE_ITO` -- the Okabe-Ito palette by colour name (colour-blind safe);
+* :func:`palette` -- several palette colours by name, in the given order (the cycle of
+  successive series in a figure);
+* :data:`MODEL_COLORS` -- one colour per model A, B, C;
+* :data:`STRATEGY_LABELS` -- the legend text of each strategy of
+  :func:`fvlib.theory.strategies.evaluate_strategies`.
+
+Change a colour or a label here and every chapter and explorer follows.
+"""
+
+from __future__ import annotations
+
+__all__ = ["OKABE_ITO", "palette", "MODEL_COLORS", "STRATEGY_LABELS"]
+
+#: The Okabe-Ito colour-blind-safe palette, by colour name.
+OKABE_ITO = {
+    "black": "#000000",
+    "orange": "#E69F00",
+    "sky": "#56B4E9",
+    "green": "#009E73",
+    "yellow": "#F0E442",
+    "blue": "#0072B2",
+    "vermillion": "#D55E00",
+    "purple": "#CC79A7",
+}
+
+
+def palette(*names: str) -> tuple[str, ...]:
+    """The palette colours ``OKABE_ITO[name]`` for ``names``, in that order."""
+    unknown = [n for n in names if n not in OKABE_ITO]
+    if unknown:
+        raise ValueError(f"not Okabe-Ito colour names: {unknown}; choose from {sorted(OKABE_ITO)}")
+    return tuple(OKABE_ITO[n] for n in names)
+
+
+#: One colour per model, used by every figure of the experiment chapters and the explorers.
+MODEL_COLORS = {"A": OKABE_ITO["green"], "B": OKABE_ITO["orange"], "C": OKABE_ITO["blue"]}
+
+#: Legend text of the strategies of :func:`fvlib.theory.strategies.evaluate_strategies` (the
+#: decoder in parentheses: the exact Bayes posterior or the best linear estimator).
+STRATEGY_LABELS = {
+    "adaptive_greedy": "adaptive greedy (Bayes)",
+    "nonadaptive_coord": "non-adaptive coordinates (Bayes)",
+    "lmmse": "non-adaptive coordinates (LMMSE)",
+    "nonadaptive_opt": "non-adaptive, optimised directions",
+    "nonadaptive_best_coord": "non-adaptive, best coordinate set (Bayes)",
+}

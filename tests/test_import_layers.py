@@ -1,0 +1,158 @@
+"""fvlib's imports: no cycle, and every module imports only from the layers below it.
+
+The layers are the ones documented in the docstrings of ``fvlib/__init__.py`` (the top-level
+modules), ``fvlib/theory/__init__.py`` and ``fvlib/plots/__init__.py`` (their submodules): a
+literal block (after a line ending in ``::`` that speaks of layers) whose lines indented by four
+spaces name the modules of one layer, comma-separated, from the bottom up (text after two
+spaces, and lines indented further, describe the layer). Imports are read with ``ast`` from every
+module, including the ones inside functions (a local import hides a cycle, it does not remove
+it). Nothing is imported: the test reads the sources.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "fvlib"
+
+
+def _module_name(path: Path) -> str:
+    parts = ("fvlib",) + path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+PACKAGES = {name for name, p in MODULES.items() if p.name == "__init__.py"}
+
+
+def _imports(name: str) -> set[str]:
+    """The fvlib modules that module ``name`` imports, anywhere in its source."""
+    tree = ast.parse(MODULES[name].read_text(), filename=str(MODULES[name]))
+    package = name if name in PACKAGES else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            # ``from pkg import sub`` imports the submodule; ``from pkg import name`` the package
+            targets = [f"{module}.{a.name}" if f"{module}.{a.name}" in MODULES else module for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in MODULES:  # ``import fvlib.theory.dp as d`` etc.
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                out.add(target)
+    return out
+
+
+GRAPH = {name: _imports(name) for name in MODULES}
+
+
+def _layers(package: str) -> list[list[str]]:
+    """The layers documented in ``package``'s docstring, bottom first, as module names."""
+    doc = ast.get_docstring(ast.parse(MODULES[package].read_text()))
+    assert doc, f"{package} has no docstring"
+    lines = doc.splitlines()
+    start = next(i for i, line in enumerate(lines)
+                 if line.rstrip().endswith("::") and "layers" in " ".join(lines[max(0, i - 2):i + 1]).lower())
+    layers = []
+    for line in lines[start + 1:]:
+        if not line.strip():
+            continue
+        if not line.startswith("    "):
+            break
+        if line.startswith("     "):  # a description line, indented further
+            continue
+        names = re.split(r"\s{2,}", line.strip())[0]
+        layers.append([f"{package}.{n.strip()}" for n in names.split(",")])
+    return layers
+
+
+LAYERED = ["fvlib", "fvlib.theory", "fvlib.plots"]
+
+
+def _unit(module: str, package: str) -> str | None:
+    """The member of ``package`` that ``module`` belongs to (``fvlib.theory.dp`` -> ``fvlib.theory``
+    for the package ``fvlib``), or ``None`` when it is outside the package or is the package."""
+    if not module.startswith(package + "."):
+        return None
+    return package + "." + module[len(package) + 1:].split(".")[0]
+
+
+def test_fvlib_has_no_import_cycle():
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(name):
+        state[name] = 1
+        path.append(name)
+        for dep in sorted(GRAPH[name]):
+            if state.get(dep) == 1:
+                cycle = path[path.index(dep):] + [dep]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if dep not in state:
+                visit(dep)
+        path.pop()
+        state[name] = 2
+
+    for name in sorted(GRAPH):
+        if name not in state:
+            visit(name)
+
+
+def test_the_graph_sees_local_imports_and_submodules():
+    # cli imports its subcommands inside functions; theory/__init__ imports every submodule
+    assert {"fvlib.theory", "fvlib.train", "fvlib.patching", "fvlib.reproduce"} <= GRAPH["fvlib.cli"]
+    assert {"fvlib.theory.dp", "fvlib.theory.strategies", "fvlib.theory.baselines"} <= GRAPH["fvlib.theory"]
+    assert "fvlib.theory.posteriors" in GRAPH["fvlib.theory.dp"]
+
+
+@pytest.mark.parametrize("package", LAYERED)
+def test_the_documented_layers_cover_every_module(package):
+    documented = [m for layer in _layers(package) for m in layer]
+    assert len(documented) == len(set(documented)), f"{package}: a module is listed twice: {documented}"
+    members = {_unit(m, package) for m in MODULES} - {None}
+    assert set(documented) == members, (
+        f"{package}'s docstring lists {sorted(set(documented) - members)} that do not exist and misses "
+        f"{sorted(members - set(documented))}")
+
+
+@pytest.mark.parametrize("package", LAYERED)
+def test_every_module_imports_only_from_layers_below_it(package):
+    level = {m: i for i, layer in enumerate(_layers(package)) for m in layer}
+    wrong = []
+    for name, deps in GRAPH.items():
+        unit = _unit(name, package)
+        if unit is None:
+            continue
+        for dep in deps:
+            dep_unit = _unit(dep, package)
+            if dep_unit is None:
+                # outside the package, or the package itself: a member importing the package it
+                # belongs to (its __init__, which imports every member) is a cycle in waiting
+                if dep == package:
+                    wrong.append(f"{name} imports its package {package}")
+                continue
+            if dep_unit != unit and level[dep_unit] >= level[unit]:
+                wrong.append(f"{name} imports {dep} (layer {level[dep_unit]} >= its layer {level[unit]})")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_plots_computes_nothing():
+    """fvlib.plots draws results: it imports no training, sampling or Monte Carlo layer."""
+    computing = {"fvlib.train", "fvlib.task", "fvlib.experiments", "fvlib.models"}
+    for name, deps in GRAPH.items():
+        if name == "fvlib.plots" or name.startswith("fvlib.plots."):
+            assert not deps & computing, f"{name} imports {sorted(deps & computing)}"
+            theory = {d for d in deps if d == "fvlib.theory" or d.startswith("fvlib.theory.")}
+            assert not theory, f"{name} imports {sorted(theory)}"

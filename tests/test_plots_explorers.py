@@ -1,0 +1,57 @@
+"""fvlib.plots.explorers: the explorers' figures drawn by a chapter from the same results, and
+fvlib.plots.style: one palette, one set of strategy labels."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from fvlib import GaussianPrior, TreePrior, make_generator  # noqa: E402
+from fvlib.experiments import decay_sweep  # noqa: E402
+from fvlib.patching import patch_level_effect, theory_patching_sweep  # noqa: E402
+from fvlib.plots import channel, decay, explorers, interventions, style, training, trees  # noqa: E402
+from fvlib.train import TrainConfig  # noqa: E402
+
+
+def test_one_palette_and_one_set_of_labels():
+    assert isinstance(style.OKABE_ITO, dict) and len(style.OKABE_ITO) == 8
+    for module in (channel, decay, interventions, training, trees, explorers):
+        assert getattr(module, "OKABE_ITO", style.OKABE_ITO) is style.OKABE_ITO
+    assert channel.STRATEGY_LABELS is style.STRATEGY_LABELS is explorers.STRATEGY_LABELS
+    assert training.MODEL_COLORS is style.MODEL_COLORS is explorers.MODEL_COLORS
+    assert style.palette("blue", "vermillion") == ("#0072B2", "#D55E00")
+    assert training.THEORY_STYLES["lmmse"]["label"] == "theory: " + style.STRATEGY_LABELS["lmmse"]
+
+
+def test_strategy_curves_from_a_chapter_sweep():
+    tree = TreePrior(3, 0.5)
+    sweep = decay_sweep(tree, 64, 0.0, [1, 2], samples=40, seed=0,
+                        strategies=("adaptive_greedy", "nonadaptive_coord", "lmmse"))
+    fig = explorers.plot_strategy_curves(sweep, tree)
+    assert isinstance(fig, Figure) and len(fig.axes) == 1
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert labels == [style.STRATEGY_LABELS[n] for n in ("adaptive_greedy", "nonadaptive_coord", "lmmse")]
+
+
+def test_prior_sample_into_a_pyplot_figure():
+    tree = TreePrior(3, 0.5)
+    gen = make_generator(0)
+    signs = tree.sample_signs(1, gen)[0]
+    twin = GaussianPrior.twin_of(tree).sample(1, gen)[0]
+    fig = plt.figure(figsize=(8, 3))
+    assert explorers.plot_prior_sample(tree, signs, tree.theta_from_signs(signs), twin, figure=fig) is fig
+    assert len(fig.axes) == 2
+    plt.close(fig)
+
+
+def test_training_run_and_patching_cell():
+    cfg = TrainConfig(model="C", prior="tree", depth=3, budget=3, steps=100)
+    fig = explorers.plot_training_run(cfg, [], {"name": "lmmse", "value": 0.1}, "not trained")
+    assert len(fig.axes) == 1 and fig.axes[0].get_lines()
+    tree = TreePrior(3, 0.5)
+    sweeps = {"theory": theory_patching_sweep(tree, 32, 0.0, 3, contexts=20)}
+    effect = patch_level_effect(tree, 32, 0.0, split_level=1, layer=2, n_layers=3, contexts=20)
+    fig = explorers.plot_patching_cell(sweeps, effect)
+    assert len(fig.axes) == 3 and "greedy theory policy" in fig.axes[0].get_title()
