@@ -47,10 +47,11 @@ $(STAMP): requirements.txt pyproject.toml
 # The book. Every chapter is executed on every build (a fresh Sphinx environment, and
 # execute_notebooks: force in _config.yml), so a change in fvlib always reaches the
 # pages. -W turns warnings into errors, -n reports every broken reference, --keep-going
-# collects all of them before failing.
+# collects all of them before failing. TQDM_DISABLE=1: progress bars show live in Jupyter and
+# Colab, not as frozen text in the static pages.
 book: $(STAMP)
 	rm -rf "$(HTML)" "$(BUILD)/.doctrees" "$(BUILD)/jupyter_execute"
-	$(BIN)/jupyter-book build . -W -n --keep-going
+	TQDM_DISABLE=1 $(BIN)/jupyter-book build . -W -n --keep-going
 	@test -f "$(HTML)/index.html"
 	@echo "The book is in $(HTML)/index.html"
 

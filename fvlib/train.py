@@ -559,6 +559,12 @@ class _Run:
         return _evaluate_batches(self.model, self.eval_batches)["excess_loss"]  # stopped between evaluations
 
 
+def progress_shown(progress: bool) -> bool:
+    """``progress`` unless the environment sets ``TQDM_DISABLE=1`` (tqdm's own switch, which its
+    notebook bar does not read): ``make book`` sets it, so static pages hold no frozen bars."""
+    return bool(progress) and os.environ.get("TQDM_DISABLE", "").lower() not in ("1", "true", "yes")
+
+
 def train(
     config: TrainConfig,
     out_dir: str | os.PathLike | None = None,
@@ -575,7 +581,8 @@ def train(
         out_dir: where checkpoints go (created if needed); ``None`` keeps everything in memory.
         resume: continue from a checkpoint in ``out_dir`` if there is one (same config
             required, except ``device`` and ``checkpoint_every``); ``False`` starts over.
-        progress: show a tqdm progress bar (the notebook flavour inside Jupyter).
+        progress: show a tqdm progress bar (the notebook flavour inside Jupyter); the
+            environment variable ``TQDM_DISABLE=1`` turns it off too.
         until_step: stop (with a checkpoint) after this step, as if interrupted; calling
             ``train`` again resumes. The schedule still runs to ``config.steps``.
         callback: called with each new history entry; returning ``True`` stops training
@@ -594,7 +601,7 @@ def train(
         run.record_eval()
     run.model.train()
     bar = tqdm(
-        total=config.steps, initial=run.step, disable=not progress, desc=f"model {config.model}", leave=False
+        total=config.steps, initial=run.step, disable=not progress_shown(progress), desc=f"model {config.model}", leave=False
     )
     while run.step < stop:
         run.train_step()

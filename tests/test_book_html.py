@@ -281,6 +281,20 @@ def test_notebook_has_colab_button(doc):
     assert expected in html_file.read_text(encoding="utf-8"), f"{doc}: no Colab link {expected}"
 
 
+PROGRESS_TEXT = re.compile(r"[0-9]+%\|[^<]{0,40}\| *[0-9]+/[0-9]+ \[")
+
+
+@pytest.mark.parametrize("doc", PAGES)
+def test_page_holds_no_progress_bar_text(doc):
+    """Progress bars show live in Jupyter and Colab; a static page holds none of their text
+    (``make book`` sets ``TQDM_DISABLE=1``)."""
+    html_file = HTML / f"{doc}.html"
+    if not html_file.exists():
+        _unavailable(f"{html_file} is missing: run `make book` first")
+    found = PROGRESS_TEXT.findall(html_file.read_text(encoding="utf-8"))
+    assert not found, f"{doc}: progress-bar text in the page: {found[:3]}"
+
+
 EXPLORER_CALL = re.compile(r"\b(prior|strategy|training|patching)_explorer\(")
 
 

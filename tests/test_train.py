@@ -302,3 +302,12 @@ def test_load_history_reads_the_history_without_the_weights(tmp_path):
     assert strip_times(load_history(tmp_path / "run")) == strip_times(result.history)
     with pytest.raises(RunDirError, match="does not exist"):
         load_history(tmp_path / "missing")
+
+
+def test_progress_is_switched_off_by_tqdm_disable(monkeypatch):
+    from fvlib.train import progress_shown
+
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    assert progress_shown(True) and not progress_shown(False)
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    assert not progress_shown(True)
