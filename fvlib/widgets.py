@@ -16,10 +16,14 @@ so tests and notebooks can check what an explorer displays without a browser.
   its row ``m``, and what patching cell ``(m, l)`` does to each level of the prediction.
 
 Static pages (the rendered book) cannot run Python, so every explorer also carries an HTML
-fallback (``text/html`` in its display bundle): the figure at the current settings, the
-settings themselves and a note that the controls are live in Jupyter or Colab. The book's
-``_config.yml`` tells myst-nb to render that fallback instead of the widget, so a reader of
-the HTML never meets a control that does nothing.
+view (``text/html`` in its display bundle), which the book's ``_config.yml`` tells myst-nb to
+render instead of the widget: the figure at the current settings, the settings themselves and
+a note that the controls are live in Jupyter or Colab, and -- when the book is built -- the
+explorer's states on a grid of control values (:mod:`fvlib.live`), which the page's
+JavaScript draws as the reader moves its controls. Each explorer has one compute function
+(:func:`prior_state`, :func:`strategy_state`, :func:`training_state`, :func:`patching_state`)
+that both the widget and the grid call, so the page shows the numbers the widget shows. A
+reader without JavaScript (and a printed page) sees the figure.
 
 An explorer computes (samples, sweeps, trains, patches) and leaves the drawing to the figure
 functions of :mod:`fvlib.plots.explorers`, which a chapter can call on the same results. They
@@ -37,11 +41,13 @@ from collections.abc import Callable, Mapping
 
 import ipywidgets as widgets
 import numpy as np
+import torch
 from matplotlib.figure import Figure
 from tqdm.notebook import tqdm as notebook_tqdm
 
 from ._checks import check_int, check_number
-from .experiments import decay_sweep
+from .experiments import DecaySweep, decay_sweep
+from .live import Control, LiveSpec, live_block, live_enabled
 from .patching import PatchingResult, key_patching_sweep, patch_level_effect, patching_ratio, theory_patching_sweep
 from .plots.explorers import plot_patching_cell, plot_prior_sample, plot_strategy_curves, plot_training_run
 from .priors import GaussianPrior, TreePrior
@@ -52,6 +58,10 @@ __all__ = [
     "Explorer",
     "TrainingExplorer",
     "LIVE_NOTE",
+    "prior_state",
+    "strategy_state",
+    "training_state",
+    "patching_state",
     "prior_explorer",
     "strategy_explorer",
     "training_explorer",
@@ -88,6 +98,8 @@ class Explorer(widgets.VBox):
             keyword ``name``.
         draw: ``draw(**values) -> (Figure, summary, caption)``.
         buttons: extra widgets shown next to the controls (e.g. Train / Stop).
+        live: the explorer's grid for the static page (:class:`fvlib.live.LiveSpec`, or a
+            function returning one, called when the grid is first needed).
 
     Attributes:
         controls: the control widgets by name.
@@ -97,8 +109,11 @@ class Explorer(widgets.VBox):
         updates: how many times the figure has been drawn.
     """
 
-    def __init__(self, title: str, controls: Mapping[str, widgets.Widget], draw: DrawFn, buttons=()):
+    def __init__(self, title: str, controls: Mapping[str, widgets.Widget], draw: DrawFn, buttons=(),
+                 live: LiveSpec | Callable[[], LiveSpec] | None = None):
         self.title = title
+        self.live = live
+        self._live_block: str | None = None
         self.controls = dict(controls)
         self.image = widgets.Image(format="png", layout=widgets.Layout(max_width="100%"))
         self.caption = widgets.HTML()
@@ -129,16 +144,36 @@ class Explorer(widgets.VBox):
     def _on_change(self, change) -> None:
         self.refresh()
 
-    def static_html(self) -> str:
-        """The HTML fallback: settings, current figure, caption and :data:`LIVE_NOTE`."""
+    def live_spec(self) -> LiveSpec | None:
+        """The explorer's grid for the static page, or ``None`` if it has none."""
+        return self.live() if callable(self.live) else self.live
+
+    def live_html(self) -> str:
+        """The live block of the static page (:func:`fvlib.live.live_block`; computed once),
+        or ``""`` for an explorer without a grid."""
+        if self._live_block is None:
+            spec = self.live_spec()
+            self._live_block = "" if spec is None else live_block(spec)
+        return self._live_block
+
+    def static_html(self, live: bool | None = None) -> str:
+        """The HTML view: title, then settings, current figure (PNG), caption and
+        :data:`LIVE_NOTE` (what a reader without JavaScript sees), then with ``live`` (default:
+        :func:`fvlib.live.live_enabled`, i.e. while the book is built) the grid the page's
+        JavaScript draws, in place of the figure."""
+        live = live_enabled() if live is None else live
         settings = ", ".join(f"{name} = {_describe(value)}" for name, value in self.values().items())
         png = base64.b64encode(self.image.value).decode("ascii")
         return (
             '<div class="fvlib-explorer">'
-            f"<p><strong>{html.escape(self.title)}</strong> (settings: {html.escape(settings)})</p>"
+            f'<p class="fvlib-explorer-title"><strong>{html.escape(self.title)}</strong></p>'
+            '<div class="fvlib-explorer-static">'
+            f"<p>Settings: {html.escape(settings)}</p>"
             f'<img src="data:image/png;base64,{png}" alt="{html.escape(self.title)}" style="max-width:100%"/>'
             f"<p>{self.caption.value}</p>"
             f'<p class="fvlib-explorer-note"><em>{html.escape(LIVE_NOTE)}</em></p>'
+            "</div>"
+            f"{self.live_html() if live else ''}"
             "</div>"
         )
 
@@ -168,27 +203,31 @@ def _check_in(name: str, value, options) -> None:
 # ----------------------------------------------------------------------------------------
 # Prior explorer
 # ----------------------------------------------------------------------------------------
-def _draw_prior(depth: int, alpha: float, seed: int) -> tuple[Figure, dict, str]:
+def prior_state(depth: int, alpha: float, seed: int) -> dict:
+    """What the prior explorer shows at ``(depth, alpha, seed)``: a path of the tree prior and a
+    draw of its Gaussian twin from ``make_generator(seed)`` (the path first).
+
+    Returns ``{"depth", "alpha", "dim", "energy", "signs" (K,), "theta" (D,), "twin_theta" (D,),
+    "nonzero"}`` (lists; ``nonzero`` counts the non-zero tree coordinates, always ``K``).
+    """
     tree = TreePrior(depth, alpha)
     twin = GaussianPrior.twin_of(tree)
     generator = make_generator(seed)
     signs = tree.sample_signs(1, generator)[0]
     theta = tree.theta_from_signs(signs)
     twin_theta = twin.sample(1, generator)[0]
-    figure = plot_prior_sample(tree, signs, theta, twin_theta)
-    summary = {
-        "depth": depth,
-        "alpha": alpha,
-        "dim": tree.dim,
-        "energy": tree.energy,
-        "signs": signs.tolist(),
-        "theta": theta.tolist(),
-        "twin_theta": twin_theta.tolist(),
-        "nonzero": int((theta != 0).sum()),
-    }
+    return {"depth": depth, "alpha": alpha, "dim": tree.dim, "energy": tree.energy, "signs": signs.tolist(),
+            "theta": theta.tolist(), "twin_theta": twin_theta.tolist(), "nonzero": int((theta != 0).sum())}
+
+
+def _draw_prior(depth: int, alpha: float, seed: int) -> tuple[Figure, dict, str]:
+    summary = prior_state(depth, alpha, seed)
+    tree = TreePrior(depth, alpha)
+    figure = plot_prior_sample(tree, torch.tensor(summary["signs"]), np.array(summary["theta"]),
+                               np.array(summary["twin_theta"]))
     caption = (
-        f"D = {tree.dim} coordinates, E|theta|^2 = {tree.energy:.3f} for both priors. The tree sample has "
-        f"one non-zero coordinate per level ({summary['nonzero']} of {tree.dim}); the twin spreads the "
+        f"D = {summary['dim']} coordinates, E|theta|^2 = {summary['energy']:.3f} for both priors. The tree sample has "
+        f"one non-zero coordinate per level ({summary['nonzero']} of {summary['dim']}); the twin spreads the "
         f"same energy over all of them. Sample seed {seed}."
     )
     return figure, summary, caption
@@ -209,7 +248,28 @@ def prior_explorer(depth: int = 4, alpha: float = 0.5, seed: int = 0) -> Explore
         "alpha": _slider(widgets.FloatSlider, alpha, 0.05, 1.0, 0.05, "alpha", ".2f"),
         "seed": _slider(widgets.IntSlider, seed, 0, 50, 1, "sample seed"),
     }
-    return Explorer("Prior explorer: the tree and its Gaussian twin", controls, _draw_prior)
+    return Explorer("Prior explorer: the tree and its Gaussian twin", controls, _draw_prior,
+                    live=lambda: _prior_live(depth, alpha, seed))
+
+
+#: The static page's grid of the prior explorer (the widget's sliders, alpha and the sample
+#: seed coarser).
+PRIOR_GRID = {"depth": tuple(range(2, 8)), "alpha": (0.05,) + tuple(round(0.1 * i, 2) for i in range(1, 11)),
+              "seed": tuple(range(10))}
+
+
+def _grid_values(values, default) -> tuple:
+    """``values`` with ``default`` added (the explorer's own setting is always on the grid)."""
+    return tuple(sorted(set(values) | {default}))
+
+
+def _prior_live(depth: int, alpha: float, seed: int) -> LiveSpec:
+    controls = (Control("depth", "depth K", _grid_values(PRIOR_GRID["depth"], depth), depth),
+                Control("alpha", "alpha", _grid_values(PRIOR_GRID["alpha"], alpha), alpha),
+                Control("seed", "sample seed", _grid_values(PRIOR_GRID["seed"], seed), seed))
+    return LiveSpec("prior", controls, prior_state,
+                    note="Every setting of the grid was sampled by fvlib when this page was built "
+                         "(prior_state, the widget's own function).")
 
 
 # ----------------------------------------------------------------------------------------
@@ -219,17 +279,35 @@ def prior_explorer(depth: int = 4, alpha: float = 0.5, seed: int = 0) -> Explore
 EXPLORER_STRATEGIES = ("adaptive_greedy", "nonadaptive_coord", "lmmse")
 
 
+def strategy_state(depth: int, budget: int, alpha: float, n_ctx: int, noise_std: float, samples: int,
+                   seed: int) -> dict:
+    """What the strategy explorer shows: :func:`fvlib.experiments.decay_sweep` of the
+    :data:`EXPLORER_STRATEGIES` on a depth-``depth`` tree at budgets ``1..min(budget, D)``
+    (``samples`` contexts, ``seed``; the same contexts at every budget, so the curves up to a
+    smaller budget are the first entries of these).
+
+    Returns ``{"budgets", "tau2", "samples", "mean", "stderr" (per strategy, one entry per
+    budget), "final" (the losses at the largest budget)}``.
+    """
+    tree = TreePrior(depth, alpha)
+    budgets = np.arange(1, min(budget, tree.dim) + 1)
+    sweep = decay_sweep(tree, n_ctx, noise_std, budgets, samples=samples, seed=seed, strategies=EXPLORER_STRATEGIES)
+    final = {name: float(sweep.mean[name][-1]) for name in EXPLORER_STRATEGIES}
+    return {"budgets": budgets.tolist(), "tau2": sweep.tau2, "samples": samples,
+            "mean": {k: v.tolist() for k, v in sweep.mean.items()},
+            "stderr": {k: v.tolist() for k, v in sweep.stderr.items()}, "final": final}
+
+
 def _strategy_drawer(depth: int, samples: int, seed: int) -> DrawFn:
     def draw(budget: int, alpha: float, n_ctx: int, noise_std: float) -> tuple[Figure, dict, str]:
+        summary = strategy_state(depth, budget, alpha, n_ctx, noise_std, samples, seed)
         tree = TreePrior(depth, alpha)
-        budgets = np.arange(1, min(budget, tree.dim) + 1)
-        sweep = decay_sweep(tree, n_ctx, noise_std, budgets, samples=samples, seed=seed, strategies=EXPLORER_STRATEGIES)
+        sweep = DecaySweep(np.array(summary["budgets"]), {k: np.array(v) for k, v in summary["mean"].items()},
+                           {k: np.array(v) for k, v in summary["stderr"].items()}, samples, n_ctx, noise_std,
+                           summary["tau2"])
         figure = plot_strategy_curves(sweep, tree, EXPLORER_STRATEGIES)
-        final = {name: float(sweep.mean[name][-1]) for name in EXPLORER_STRATEGIES}
-        summary = {"budgets": budgets.tolist(), "tau2": sweep.tau2, "samples": samples,
-                   "mean": {k: v.tolist() for k, v in sweep.mean.items()},
-                   "stderr": {k: v.tolist() for k, v in sweep.stderr.items()}, "final": final}
-        m = int(budgets[-1])
+        final = summary["final"]
+        m = summary["budgets"][-1]
         caption = (f"At M = {m}: adaptive {final['adaptive_greedy']:.4f}, non-adaptive "
                    f"{final['nonadaptive_coord']:.4f}, LMMSE {final['lmmse']:.4f}. "
                    f"{samples} Monte Carlo contexts per point (seed {seed}, the same contexts at every budget).")
@@ -273,12 +351,52 @@ def strategy_explorer(
         "noise_std": _slider(widgets.FloatSlider, noise_std, 0.0, 2.0, 0.1, "noise sigma", ".1f"),
     }
     return Explorer("Strategy explorer: adaptive versus non-adaptive inference",
-                    controls, _strategy_drawer(depth, samples, seed))
+                    controls, _strategy_drawer(depth, samples, seed),
+                    live=lambda: _strategy_live(depth, budget, alpha, n_ctx, noise_std, samples, seed))
+
+
+#: The static page's grid of the strategy explorer: each point is a Monte Carlo sweep over all
+#: budgets, so alpha, N and sigma are coarser than the widget's sliders (build time: see
+#: tests/test_live.py and the chapter's explorer cell).
+STRATEGY_GRID = {"alpha": (0.25, 0.5, 0.75, 1.0), "n_ctx": (32, 128, 512), "noise_std": (0.0, 0.5, 1.0)}
+
+
+def _strategy_live(depth, budget, alpha, n_ctx, noise_std, samples, seed) -> LiveSpec:
+    max_budget = min(2**depth - 1, 12)
+    controls = (Control("budget", "budget M", tuple(range(1, max_budget + 1)), budget, grid=False),
+                Control("alpha", "alpha", _grid_values(STRATEGY_GRID["alpha"], alpha), alpha),
+                Control("n_ctx", "context N", _grid_values(STRATEGY_GRID["n_ctx"], n_ctx), n_ctx),
+                Control("noise_std", "noise sigma", _grid_values(STRATEGY_GRID["noise_std"], noise_std), noise_std))
+
+    def compute(alpha, n_ctx, noise_std):
+        return strategy_state(depth, max_budget, alpha, n_ctx, noise_std, samples, seed)
+
+    return LiveSpec("strategy", controls, compute, shared={"depth": depth, "seed": seed},
+                    note=f"Each setting of the grid is a Monte Carlo sweep run by fvlib when this page was "
+                         f"built (strategy_state, the widget's own function): {samples} contexts per point, "
+                         f"seed {seed}, the same contexts at every budget.")
 
 
 # ----------------------------------------------------------------------------------------
 # Training explorer
 # ----------------------------------------------------------------------------------------
+def training_state(config: TrainConfig, history: list[dict], reference: Mapping) -> dict | None:
+    """What the training explorer shows of a run: its evaluation history (``history``, as
+    :func:`fvlib.train.load_history` returns it) beside its theory baseline (``reference``, as
+    :func:`fvlib.train.theory_reference` returns it); ``None`` when the run has no history.
+
+    Returns ``{"model", "prior", "total_steps", "eval_contexts", "steps", "loss", "stderr"
+    (one entry per evaluation), "theory", "theory_stderr", "theory_name", "theory_samples"}``.
+    """
+    if not history:
+        return None
+    return {"model": config.model, "prior": config.prior, "total_steps": config.steps,
+            "eval_contexts": config.eval_contexts, "steps": [h["step"] for h in history],
+            "loss": [h["eval_excess_loss"] for h in history], "stderr": [h["eval_stderr"] for h in history],
+            "theory": reference["value"], "theory_stderr": reference["stderr"], "theory_name": reference["name"],
+            "theory_samples": reference["samples"]}
+
+
 class TrainingExplorer(Explorer):
     """The training explorer: an :class:`Explorer` with *Train* and *Stop* buttons.
 
@@ -309,17 +427,48 @@ class TrainingExplorer(Explorer):
             "steps": _slider(widgets.IntSlider, steps, 100, 5000, 100, "steps"),
         }
         super().__init__("Training explorer: a model against its theory baseline", controls, self._draw_current,
-                         buttons=(self.train_button, self.stop_button))
+                         buttons=(self.train_button, self.stop_button), live=self._live)
         self.children = (*self.children, self.progress.container)
 
     # -- configuration ---------------------------------------------------------------------
-    def config(self) -> TrainConfig:
-        """The :class:`~fvlib.train.TrainConfig` at the current control values."""
+    def config(self, model: str | None = None, prior: str | None = None, steps: int | None = None) -> TrainConfig:
+        """The :class:`~fvlib.train.TrainConfig` at the current control values (or at the
+        ``model``, ``prior`` and ``steps`` given)."""
         values = self.values()
-        data = self.base.to_dict() | {"model": values["model"], "prior": values["prior"], "steps": values["steps"]}
+        model, prior = values["model"] if model is None else model, values["prior"] if prior is None else prior
+        steps = values["steps"] if steps is None else steps
+        data = self.base.to_dict() | {"model": model, "prior": prior, "steps": steps}
         if not self.fixed_eval:
-            data["eval_every"] = data["checkpoint_every"] = max(values["steps"] // 20, 1)
+            data["eval_every"] = data["checkpoint_every"] = max(steps // 20, 1)
         return TrainConfig.from_dict(data)
+
+    def _recorded(self, config: TrainConfig) -> list[dict]:
+        try:
+            return load_history(run_dir_for(config, self.run_root))
+        except RunDirError:
+            return []
+
+    def _live(self) -> LiveSpec:
+        """The static page's grid: the recorded run of every model and prior at the current
+        steps (those never trained are left out), played back step by step."""
+        steps = self.values()["steps"]
+        options = {name: tuple(self.controls[name].options) for name in ("model", "prior")}
+        states = {(m, p): training_state(config, history, self.reference(config))
+                  for m in options["model"] for p in options["prior"]
+                  for config in [self.config(m, p, steps)] for history in [self._recorded(config)] if history}
+        # a prior no model was trained on is not offered
+        priors = tuple(p for p in options["prior"] if any(key[1] == p for key in states)) or (self.base.prior,)
+        recorded = sorted({step for state in states.values() for step in state["steps"]}) or [steps]
+        values = self.values()
+        prior = values["prior"] if values["prior"] in priors else priors[0]
+        controls = (Control("model", "model", options["model"], values["model"]),
+                    Control("prior", "prior", priors, prior),
+                    Control("step", "training step", tuple(recorded), recorded[-1], grid=False))
+        return LiveSpec("training", controls, lambda model, prior: states.get((model, prior)),
+                        shared={"depth": self.base.depth, "budget": self.base.budget},
+                        note="A playback of the runs recorded when this page was built (the runs "
+                             "of the chapter, seed " + str(self.base.seed) + "); in Jupyter or Colab the "
+                             "explorer trains new runs.")
 
     def run_dir(self):
         return run_dir_for(self.config(), self.run_root)
@@ -346,8 +495,9 @@ class TrainingExplorer(Explorer):
         if status is None:
             last = history[-1]["step"] if history else 0
             status = "not trained yet: press Train" if not history else f"trained {last} of {steps} steps"
-        final = history[-1]["eval_excess_loss"] if history else None
-        summary = {"config": config.to_dict(), "steps_done": history[-1]["step"] if history else 0,
+        state = training_state(config, history, reference)
+        final = state["loss"][-1] if state else None
+        summary = {"config": config.to_dict(), "steps_done": state["steps"][-1] if state else 0,
                    "final_loss": final, "theory": reference["value"], "theory_name": reference["name"],
                    "history": history, "status": status}
         if final is None:
@@ -458,28 +608,45 @@ def training_explorer(
 # ----------------------------------------------------------------------------------------
 # Patching explorer
 # ----------------------------------------------------------------------------------------
+def patching_state(sweeps: Mapping, effect) -> dict:
+    """What the patching explorer shows of one cell ``(m, l)``: the loss ratio of the cell and
+    of its row ``m`` (of the model's sweep when ``sweeps`` has one, else the theory's) and, level
+    by level, the overlaps of the patched prediction (``effect``, a
+    :class:`fvlib.patching.LevelEffect`).
+
+    Returns ``{"split_level", "layer", "ratio", "row" (L,), "target_overlap", "donor_overlap",
+    "baseline_overlap" (K,), "contexts"}``.
+    """
+    main = sweeps["model"] if "model" in sweeps else sweeps["theory"]
+    row = patching_ratio(main)[effect.split_level - 1]
+    return {"split_level": effect.split_level, "layer": effect.layer, "ratio": float(row[effect.layer - 1]),
+            "row": row.tolist(), "target_overlap": effect.target.tolist(), "donor_overlap": effect.donor.tolist(),
+            "baseline_overlap": effect.baseline.tolist(), "contexts": effect.n_contexts}
+
+
 def _patching_drawer(tree: TreePrior, n_ctx: int, noise_std: float, n_layers: int, model, sweeps: dict,
-                     contexts: int, seed: int) -> DrawFn:
+                     contexts: int, seed: int) -> tuple[DrawFn, Callable[..., dict]]:
     effects: dict = {}
     source = "trained model" if model is not None else "greedy theory policy"
 
-    def draw(split_level: int, layer: int) -> tuple[Figure, dict, str]:
+    def effect_of(split_level: int, layer: int):
         key = (split_level, layer)
         if key not in effects:
             effects[key] = patch_level_effect(tree, n_ctx, noise_std, split_level=split_level, layer=layer,
                                               model=model, n_layers=n_layers, contexts=contexts, seed=seed)
-        effect = effects[key]
-        main = sweeps["model"] if model is not None else sweeps["theory"]
-        figure = plot_patching_cell(sweeps, effect)
-        row = patching_ratio(main)[split_level - 1]
-        summary = {"split_level": split_level, "layer": layer, "ratio": float(row[layer - 1]),
-                   "row": row.tolist(), "target_overlap": effect.target.tolist(),
-                   "donor_overlap": effect.donor.tolist(), "contexts": contexts}
+        return effects[key]
+
+    def compute(split_level: int, layer: int) -> dict:
+        return patching_state(sweeps, effect_of(split_level, layer))
+
+    def draw(split_level: int, layer: int) -> tuple[Figure, dict, str]:
+        summary = compute(split_level, layer)
+        figure = plot_patching_cell(sweeps, effect_of(split_level, layer))
         caption = (f"{source}: patching layer {layer} with donors that split at level {split_level} multiplies "
-                   f"the loss by {row[layer - 1]:.2f}. {contexts} donor/target pairs per cell (seed {seed}).")
+                   f"the loss by {summary['ratio']:.2f}. {contexts} donor/target pairs per cell (seed {seed}).")
         return figure, summary, caption
 
-    return draw
+    return draw, compute
 
 
 def patching_explorer(
@@ -525,5 +692,16 @@ def patching_explorer(
         "split_level": _slider(widgets.IntSlider, split_level, 1, tree.depth, 1, "split level m"),
         "layer": _slider(widgets.IntSlider, layer, 1, n_layers, 1, "patched layer l"),
     }
-    draw = _patching_drawer(tree, n_ctx, noise_std, n_layers, model, sweeps, contexts, seed)
-    return Explorer("Patching explorer: where routing happens", controls, draw)
+    draw, compute = _patching_drawer(tree, n_ctx, noise_std, n_layers, model, sweeps, contexts, seed)
+    source = "trained model" if model is not None else "greedy theory policy"
+
+    def live() -> LiveSpec:
+        grid = (Control("split_level", "split level m", tuple(range(1, tree.depth + 1)), split_level),
+                Control("layer", "patched layer l", tuple(range(1, n_layers + 1)), layer))
+        shared = {"source": source, "depth": tree.depth, "n_layers": n_layers, "contexts": contexts, "seed": seed,
+                  "ratio": {name: patching_ratio(result).tolist() for name, result in sweeps.items()}}
+        return LiveSpec("patching", grid, compute, shared=shared,
+                        note=f"Every cell was patched by fvlib when this page was built (patching_state, the "
+                             f"widget's own function): {contexts} donor/target pairs per cell, seed {seed}.")
+
+    return Explorer("Patching explorer: where routing happens", controls, draw, live=live)
