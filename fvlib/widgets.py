@@ -49,7 +49,9 @@ from ._checks import check_int, check_number
 from .experiments import DecaySweep, decay_sweep
 from .live import Control, LiveSpec, live_block, live_enabled
 from .patching import PatchingResult, key_patching_sweep, patch_level_effect, patching_ratio, theory_patching_sweep
-from .plots.explorers import plot_patching_cell, plot_prior_sample, plot_strategy_curves, plot_training_run
+from .plots.explorers import (STRATEGY_COLORS, plot_patching_cell, plot_prior_sample, plot_strategy_curves,
+                              plot_training_run)
+from .plots.style import MODEL_COLORS, OKABE_ITO, STRATEGY_LABELS
 from .priors import GaussianPrior, TreePrior
 from .task import make_generator
 from .train import RunDirError, TrainConfig, load_history, run_dir_for, theory_reference, train
@@ -267,7 +269,8 @@ def _prior_live(depth: int, alpha: float, seed: int) -> LiveSpec:
     controls = (Control("depth", "depth K", _grid_values(PRIOR_GRID["depth"], depth), depth),
                 Control("alpha", "alpha", _grid_values(PRIOR_GRID["alpha"], alpha), alpha),
                 Control("seed", "sample seed", _grid_values(PRIOR_GRID["seed"], seed), seed))
-    return LiveSpec("prior", controls, prior_state,
+    colors = {"path": OKABE_ITO["vermillion"], "tree": OKABE_ITO["vermillion"], "twin": OKABE_ITO["blue"]}
+    return LiveSpec("prior", controls, prior_state, shared={"colors": colors},
                     note="Every setting of the grid was sampled by fvlib when this page was built "
                          "(prior_state, the widget's own function).")
 
@@ -371,7 +374,9 @@ def _strategy_live(depth, budget, alpha, n_ctx, noise_std, samples, seed) -> Liv
     def compute(alpha, n_ctx, noise_std):
         return strategy_state(depth, max_budget, alpha, n_ctx, noise_std, samples, seed)
 
-    return LiveSpec("strategy", controls, compute, shared={"depth": depth, "seed": seed},
+    return LiveSpec("strategy", controls, compute, shared={"depth": depth, "seed": seed, "strategies": list(EXPLORER_STRATEGIES),
+                                                        "colors": {k: STRATEGY_COLORS[k] for k in EXPLORER_STRATEGIES},
+                                                        "labels": {k: STRATEGY_LABELS[k] for k in EXPLORER_STRATEGIES}},
                     note=f"Each setting of the grid is a Monte Carlo sweep run by fvlib when this page was "
                          f"built (strategy_state, the widget's own function): {samples} contexts per point, "
                          f"seed {seed}, the same contexts at every budget.")
@@ -465,7 +470,7 @@ class TrainingExplorer(Explorer):
                     Control("prior", "prior", priors, prior),
                     Control("step", "training step", tuple(recorded), recorded[-1], grid=False))
         return LiveSpec("training", controls, lambda model, prior: states.get((model, prior)),
-                        shared={"depth": self.base.depth, "budget": self.base.budget},
+                        shared={"depth": self.base.depth, "budget": self.base.budget, "colors": dict(MODEL_COLORS)},
                         note="A playback of the runs recorded when this page was built (the runs "
                              "of the chapter, seed " + str(self.base.seed) + "); in Jupyter or Colab the "
                              "explorer trains new runs.")
@@ -698,7 +703,10 @@ def patching_explorer(
     def live() -> LiveSpec:
         grid = (Control("split_level", "split level m", tuple(range(1, tree.depth + 1)), split_level),
                 Control("layer", "patched layer l", tuple(range(1, n_layers + 1)), layer))
+        colors = {"split": OKABE_ITO["vermillion"], "cell": "#000000", "model": MODEL_COLORS["A"],
+                  "target": OKABE_ITO["green"], "donor": OKABE_ITO["orange"]}
         shared = {"source": source, "depth": tree.depth, "n_layers": n_layers, "contexts": contexts, "seed": seed,
+                  "colors": colors,
                   "ratio": {name: patching_ratio(result).tolist() for name, result in sweeps.items()}}
         return LiveSpec("patching", grid, compute, shared=shared,
                         note=f"Every cell was patched by fvlib when this page was built (patching_state, the "
