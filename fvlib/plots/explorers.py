@@ -124,8 +124,9 @@ def plot_training_run(config, history: Sequence[Mapping], reference: Mapping, st
 
 def plot_patching_cell(sweeps: Mapping, effect, figure=None) -> Figure:
     """One cell ``(m, l)`` of a key-patching sweep in context: the heatmap with the cell
-    outlined (left), row ``m`` of the heatmap for each sweep (middle) and, level by level, the
-    overlap of the patched prediction with the target's and the donor's path (right).
+    outlined (top left), row ``m`` of the heatmap for each sweep (top right) and, level by
+    level, the overlap of the patched prediction with the target's and the donor's path
+    (below).
 
     Args:
         sweeps: ``{"model": PatchingResult, "theory": PatchingResult}`` or just the theory's
@@ -138,34 +139,39 @@ def plot_patching_cell(sweeps: Mapping, effect, figure=None) -> Figure:
     main = sweeps["model"] if "model" in sweeps else sweeps["theory"]
     source = "trained model" if "model" in sweeps else "greedy theory policy"
     n_layers = patching_ratio(main).shape[1]
-    figure = _figure(figure, (12.5, 3.7))
-    ax_map, ax_row, ax_level = figure.subplots(1, 3, gridspec_kw={"width_ratios": [1.0, 1.1, 1.1]})
-    plot_patching_heatmap(main, ax=ax_map, title=f"{source}: loss ratio", colorbar=False)
+    # two panels on top, the level-by-level effect below: each readable at the width of the
+    # book's column (a row of three was too small to read there)
+    figure = _figure(figure, (9.0, 6.8))
+    grid = figure.add_gridspec(2, 2, height_ratios=[1.0, 0.9], width_ratios=[1.0, 1.1])
+    ax_map, ax_row, ax_level = figure.add_subplot(grid[0, 0]), figure.add_subplot(grid[0, 1]), figure.add_subplot(grid[1, :])
+    plot_patching_heatmap(main, ax=ax_map, title=f"{source}:\nloss ratio, patched / unpatched", colorbar=False)
     ax_map.add_patch(Rectangle((layer - 1.45, split_level - 1.45), 0.9, 0.9, fill=False, ec="k", lw=2.5))
     layers = np.arange(1, n_layers + 1)
     for name, result in sweeps.items():
         ratio = patching_ratio(result)[split_level - 1]
         style = {"model": ("o-", MODEL_COLORS["A"], "trained model"), "theory": ("s--", "k", "greedy theory")}[name]
-        ax_row.plot(layers, ratio, style[0], color=style[1], label=style[2], ms=4)
-    ax_row.axvline(layer, color=OKABE_ITO["vermillion"], lw=1)
+        ax_row.plot(layers, ratio, style[0], color=style[1], label=style[2], ms=5)
+    ax_row.axvline(layer, color=OKABE_ITO["vermillion"], lw=1.2, label=f"patched layer l = {layer}")
     ax_row.axvspan(split_level + 0.5, n_layers + 0.5, color="0.92", zorder=0)
     ax_row.set_yscale("log")
     ax_row.set_xticks(layers)
+    ax_row.set_xlim(0.5, n_layers + 0.5)
     ax_row.set_xlabel("patched layer l (shaded: l > m)")
     ax_row.set_ylabel("patched / unpatched loss")
-    ax_row.set_title(f"row m = {split_level} of the heatmap", fontsize=10)
-    ax_row.legend(fontsize=8, frameon=False)
+    ax_row.set_title(f"row m = {split_level} of the heatmap", fontsize=11)
+    ax_row.legend(fontsize=9, frameon=False, loc="best")
     target, donor, baseline = (np.asarray(v) for v in (effect.target, effect.donor, effect.baseline))
     levels = np.arange(len(target))
     ax_level.bar(levels - 0.2, target, 0.4, color=OKABE_ITO["green"], label="target's path")
     ax_level.bar(levels + 0.2, donor, 0.4, color=OKABE_ITO["orange"], label="donor's path")
-    ax_level.plot(levels, baseline, "k_", ms=18, mew=2, label="unpatched (target)")
+    ax_level.plot(levels, baseline, "k_", ms=30, mew=2.5, label="unpatched (target)")
     ax_level.axhline(0, color="k", lw=0.6)
     ax_level.set_xticks(levels)
     ax_level.set_ylim(-1.15, 1.15)
+    ax_level.set_xlim(-0.6, len(target) - 0.4)
     ax_level.set_xlabel("tree level k")
     ax_level.set_ylabel("overlap of the prediction")
-    ax_level.set_title(f"patch (m = {split_level}, l = {layer}), level by level", fontsize=10)
-    ax_level.legend(fontsize=7, frameon=False, loc="lower left")
+    ax_level.set_title(f"patch (m = {split_level}, l = {layer}), level by level", fontsize=11)
+    ax_level.legend(fontsize=9, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     figure.tight_layout()
     return figure
