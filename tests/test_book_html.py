@@ -46,7 +46,8 @@ IN_CI = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
 
 # External resources a page may ask for and that are allowed to fail here (no network).
 # Everything else outside 127.0.0.1 is an error. Keep this list short and explained.
-# (No widget JavaScript: _config.yml renders each explorer's static fallback instead.)
+# (No widget JavaScript: _config.yml renders each explorer's HTML view instead, drawn by the
+# book's own _static/fvlib-live.js.)
 ALLOWED_EXTERNAL = (
     # Web fonts and analytics that themes may add; the page renders without them.
     "https://fonts.googleapis.com/",
@@ -313,21 +314,23 @@ def _displayed_explorers(doc: str) -> int:
 @pytest.mark.parametrize("doc", [d for d in PAGES if _is_notebook(d)])
 def test_explorers_are_static_figures_with_a_note(doc):
     """Every explorer a chapter displays appears in the HTML as its rendered figure plus the note
-    that it is live in Jupyter or Colab; no page carries a widget view (a control that would do
-    nothing without a kernel)."""
+    that it is live in Jupyter or Colab (what a reader without JavaScript sees), and with its
+    grid of states for the page's own live drawing; no page carries a widget view."""
     html_file = HTML / f"{doc}.html"
     if not html_file.exists():
         _unavailable(f"{html_file} is missing: run `make book` first")
+    from fvlib.live import embedded_specs
     from fvlib.widgets import LIVE_NOTE
 
     page = html_file.read_text(encoding="utf-8")
     assert "application/vnd.jupyter.widget-view+json" not in page, f"{doc}: a live widget view in static HTML"
     assert "application/vnd.jupyter.widget-state+json" not in page, f"{doc}: unused widget state embedded"
-    blocks = re.findall(r'<div class="fvlib-explorer">(.*?)</div>', page, flags=re.S)
+    blocks = re.findall(r'<div class="fvlib-explorer-static">(.*?)</div>', page, flags=re.S)
     assert len(blocks) == _displayed_explorers(doc), f"{doc}: {len(blocks)} explorer figures rendered"
     for block in blocks:
         assert re.search(r'<img src="data:image/png;base64,[A-Za-z0-9+/=]{1000,}"', block), f"{doc}: no figure"
         assert html.escape(LIVE_NOTE) in block, f"{doc}: explorer without the live note"
+    assert len(embedded_specs(page)) == len(blocks), f"{doc}: an explorer without its live grid"
 
 
 def test_the_book_shows_all_four_explorers():
@@ -341,3 +344,139 @@ def test_toc_lists_pages():
     assert len(PAGES) >= 2
     for doc in PAGES:
         assert (ROOT / f"{doc}.md").exists() or (ROOT / f"{doc}.ipynb").exists(), doc
+
+
+# ---------------------------------------------------------------------------------------
+# The live explorers: every control moves the drawing to the recorded state
+# ---------------------------------------------------------------------------------------
+EXPLORER_SHOTS = SCREENSHOTS / "explorers"
+
+# What a drawing shows of a state, read back from the SVG: {series: (state path, view slice)}.
+_READ_SERIES = """
+(root) => Object.fromEntries(Array.from(root.querySelectorAll("[data-series]")).map(
+    e => [e.getAttribute("data-series"), e.getAttribute("data-values")]))
+"""
+
+
+def _numbers(text: str) -> list[float]:
+    return [float(v) for v in text.split(",") if v != ""]
+
+
+def _expected_series(data: dict, key: str, view: dict) -> dict[str, list[float]]:
+    """The numbers each explorer's drawing must show for state ``key`` at ``view``."""
+    state, shared = data["states"][key], data["shared"]
+    kind = data["kind"]
+    if kind == "prior":
+        return {"theta": state["theta"], "twin_theta": state["twin_theta"],
+                "path": [n for n, v in enumerate(state["theta"]) if v != 0]}
+    if kind == "strategy":
+        m = view["budget"]
+        return {name: state["mean"][name][:m] for name in shared["strategies"]}
+    if kind == "training":
+        upto = sum(1 for step in state["steps"] if step <= view["step"])
+        return {"loss": state["loss"][:upto]}
+    if kind == "patching":
+        m, l = state["split_level"], state["layer"]
+        out = {"target_overlap": state["target_overlap"], "donor_overlap": state["donor_overlap"],
+               "cell": [m, l, shared["ratio"]["model" if "model" in shared["ratio"] else "theory"][m - 1][l - 1]]}
+        out.update({f"row-{name}": ratio[m - 1] for name, ratio in shared["ratio"].items()})
+        return out
+    raise AssertionError(f"no expectation for explorer kind {kind!r}")
+
+
+def _live_docs() -> list[str]:
+    return [d for d in PAGES if _is_notebook(d) and _displayed_explorers(d)]
+
+
+def _moves(data: dict) -> list[tuple[str, int]]:
+    """(control, value index) moves: each control to its far end, then to a value between
+    (or back to where it was, with two values)."""
+    moves = []
+    for c in data["controls"]:
+        n = len(c["values"])
+        if n < 2:
+            continue
+        far = 0 if c["default"] >= n / 2 else n - 1
+        between = [i for i in range(1, n - 1) if i != c["default"]]
+        moves += [(c["name"], far), (c["name"], between[len(between) // 2] if between else c["default"])]
+    return moves
+
+
+@pytest.mark.parametrize("doc", _live_docs())
+def test_explorers_are_live_in_the_page(doc, server, browser):
+    """Headless Chromium moves every control of every explorer on the page: the drawing changes
+    to the recorded state (its drawn numbers are that state's), nothing is requested outside
+    the site and nothing is logged as an error. Screenshots at 1280 px and 390 px."""
+    from fvlib.live import embedded_specs
+
+    html_file = HTML / f"{doc}.html"
+    if not html_file.exists():
+        _unavailable(f"{html_file} is missing: run `make book` first")
+    specs = embedded_specs(html_file.read_text(encoding="utf-8"))
+    assert specs, f"{doc}: no live explorer data"
+    EXPLORER_SHOTS.mkdir(parents=True, exist_ok=True)
+    for width in (1280, 390):
+        context = browser.new_context(viewport={"width": width, "height": 900})
+        page = context.new_page()
+        problems, external = [], []
+
+        def route(r):
+            if _is_local(r.request.url):
+                r.continue_()
+            else:
+                external.append(r.request.url)
+                r.abort()
+
+        page.route("**/*", route)
+        page.on("pageerror", lambda exc: problems.append(f"JavaScript error: {exc}"))
+        page.on("console", lambda msg: problems.append(f"console {msg.type}: {msg.text}")
+                if msg.type in ("error", "warning") else None)
+        try:
+            page.goto(f"{server}/{doc}.html", wait_until="load", timeout=60_000)
+            roots = page.locator(".fvlib-explorer")
+            assert roots.count() == len(specs), f"{doc}: {roots.count()} explorers, {len(specs)} grids"
+            for index, data in enumerate(specs):
+                root = roots.nth(index)
+                root.scroll_into_view_if_needed()
+                assert "fvlib-live-on" in (root.get_attribute("class") or ""), f"{doc}: explorer {index} not live"
+                assert root.locator(".fvlib-explorer-static").is_hidden(), f"{doc}: the PNG is shown beside the drawing"
+                safe = doc.replace("/", "__")
+                root.screenshot(path=str(EXPLORER_SHOTS / f"{safe}-{data['kind']}-{width}.png"))
+                if width != 1280:
+                    # at phone width the drawing fits the screen: nothing wider than the viewport
+                    overflow = root.evaluate("r => Math.max(...Array.from(r.querySelectorAll('svg'))"
+                                             ".map(s => s.getBoundingClientRect().right))")
+                    assert overflow <= width + 1, f"{doc}: a drawing {overflow} px wide at {width} px"
+                    continue
+                previous = root.evaluate(_READ_SERIES)
+                for name, value_index in _moves(data):
+                    control = root.locator(f'[data-control="{name}"]')
+                    if control.evaluate("e => e.tagName") == "SELECT":
+                        control.select_option(str(value_index))
+                    else:
+                        control.fill(str(value_index))  # a range input: fires input and change
+                    key = root.get_attribute("data-key")
+                    view = json.loads(root.get_attribute("data-view"))
+                    controls = {c["name"]: c for c in data["controls"]}
+                    moved = controls[name]
+                    shown = view[name] if not moved["grid"] else moved["values"][
+                        moved["keys"].index(key.split("|")[[c["name"] for c in data["controls"]
+                                                             if c["grid"]].index(name)])]
+                    assert shown == moved["values"][value_index], f"{doc}: {name} did not move"
+                    drawn = root.evaluate(_READ_SERIES)
+                    caption = root.locator(".fvlib-live-caption").inner_text()
+                    if key not in data["states"]:
+                        assert "No state was recorded" in caption, f"{doc}: {key} drawn without data"
+                        continue
+                    for series, expected in _expected_series(data, key, view).items():
+                        assert series in drawn, f"{doc}: {data['kind']} at {key}: no {series} drawn"
+                        assert _numbers(drawn[series]) == pytest.approx(expected, rel=1e-9, abs=1e-12), (
+                            f"{doc}: {data['kind']} at {key} {view}: {series} drawn is not the recorded state")
+                    assert drawn != previous, f"{doc}: moving {name} did not change the drawing"
+                    previous = drawn
+        finally:
+            context.close()
+        unexpected = sorted({u for u in external if not _allowed_external(u)})
+        assert not unexpected, f"{doc}: requests to external hosts: {unexpected}"
+        assert not external, f"{doc}: requests that leave the site: {sorted(set(external))}"
+        assert not problems, f"{doc} at {width} px:\n" + "\n".join(problems)
