@@ -110,7 +110,7 @@
 
   Panel.prototype.title = function (text) {
     // wrap a long title onto two lines at the panel's width
-    const maxChars = Math.max(20, Math.floor(this.width / 6.8));
+    const maxChars = Math.max(20, Math.floor((this.width - 8) / 7.8));  // bold 12.5 px
     const words = text.split(" ");
     const lines = [""];
     for (const w of words) {
@@ -143,8 +143,14 @@
     }
     el("svg:rect", {x: m.left, y: m.top, width: width - m.left - m.right, height: height - m.top - m.bottom,
                     class: "fvlib-live-box"}, g);
-    if (opts.x.label) el("svg:text", {x: (m.left + width - m.right) / 2, y: height - 8, "text-anchor": "middle",
-                                      class: "fvlib-live-label"}, g, opts.x.label);
+    if (opts.x.label) {
+      // squeeze a label that would be wider than the panel (about 6.4 px a character at 12 px)
+      const room = width - 8, need = opts.x.label.length * 6.4;
+      el("svg:text", {x: need > room ? width / 2 : (m.left + width - m.right) / 2, y: height - 8, "text-anchor": "middle",
+                      class: "fvlib-live-label",
+                      textLength: need > room ? room : undefined, lengthAdjust: need > room ? "spacingAndGlyphs" : undefined,
+                      }, g, opts.x.label);
+    }
     if (opts.y.label) el("svg:text", {x: 0, y: 0, transform: `translate(13 ${(m.top + height - m.bottom) / 2}) rotate(-90)`,
                                       "text-anchor": "middle", class: "fvlib-live-label"}, g, opts.y.label);
   };
@@ -276,7 +282,7 @@
     this.figure = el("div", {class: "fvlib-live-figure"}, this.live);
     this.caption = el("p", {class: "fvlib-live-caption"}, this.live);
     el("p", {class: "fvlib-explorer-note"}, this.live).appendChild(el("em", {}, null,
-      "Live in this page: " + data.note + " The sliders move over that grid; in Jupyter or Colab " +
+      "Live in this page: " + data.note + " The controls move over that grid; in Jupyter or Colab " +
       "(the Colab button at the top of the page) every setting is open."));
     root.classList.add("fvlib-live-on");
     this.live.hidden = false;
@@ -372,7 +378,7 @@
     const all = s.theta.concat(s.twin_theta).map(Math.abs);
     const lim = Math.max(...all, 0.1) * 1.1;
     const bars = ctx.panel({title: "same second moments, different structure", x: {domain: [-0.7, D - 0.3],
-                            label: "coordinate n (heap order; grey lines separate levels)",
+                            label: "coordinate n (heap order; grey lines: levels)",
                             ticks: D <= 15 ? [...Array(D).keys()] : niceTicks(0, D - 1, 6).filter((t) => t === Math.round(t))},
                             y: {domain: [-lim, lim], label: "theta_n"}});
     for (let k = 1; k < K; k++) bars.vline(Math.pow(2, k) - 1.5, {color: "#ccc", width: 1});

@@ -14,7 +14,9 @@ imports only from the layers below it (``tests/test_import_layers.py`` checks th
     experiments, reproduce    the chapters' experiment drivers (training runs, Monte Carlo
                               sweeps, hooked model runs); the CLI's reproduce command
     plots                     the book's figures, drawn from results (they compute nothing)
-    widgets                   the interactive explorers (ipywidgets)
+    live                      the explorers in the static book: states on a grid of control
+                              values, embedded as JSON and drawn by _static/fvlib-live.js
+    widgets                   the interactive explorers (ipywidgets) and their compute functions
     cli, course               the command line; the checks of the course's problem sets
     __main__                  ``python -m fvlib``
 

@@ -34,6 +34,7 @@ background threads safe and leaves the notebook's own figures alone.
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import io
 import threading
@@ -205,6 +206,13 @@ def _check_in(name: str, value, options) -> None:
 # ----------------------------------------------------------------------------------------
 # Prior explorer
 # ----------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=32)
+def _prior_pair(depth: int, alpha: float) -> tuple[TreePrior, GaussianPrior]:
+    """The tree prior and its Gaussian twin (kept: the grid samples each one many times)."""
+    tree = TreePrior(depth, alpha)
+    return tree, GaussianPrior.twin_of(tree)
+
+
 def prior_state(depth: int, alpha: float, seed: int) -> dict:
     """What the prior explorer shows at ``(depth, alpha, seed)``: a path of the tree prior and a
     draw of its Gaussian twin from ``make_generator(seed)`` (the path first).
@@ -212,8 +220,7 @@ def prior_state(depth: int, alpha: float, seed: int) -> dict:
     Returns ``{"depth", "alpha", "dim", "energy", "signs" (K,), "theta" (D,), "twin_theta" (D,),
     "nonzero"}`` (lists; ``nonzero`` counts the non-zero tree coordinates, always ``K``).
     """
-    tree = TreePrior(depth, alpha)
-    twin = GaussianPrior.twin_of(tree)
+    tree, twin = _prior_pair(depth, alpha)
     generator = make_generator(seed)
     signs = tree.sample_signs(1, generator)[0]
     theta = tree.theta_from_signs(signs)
@@ -271,7 +278,7 @@ def _prior_live(depth: int, alpha: float, seed: int) -> LiveSpec:
                 Control("seed", "sample seed", _grid_values(PRIOR_GRID["seed"], seed), seed))
     colors = {"path": OKABE_ITO["vermillion"], "tree": OKABE_ITO["vermillion"], "twin": OKABE_ITO["blue"]}
     return LiveSpec("prior", controls, prior_state, shared={"colors": colors},
-                    note="Every setting of the grid was sampled by fvlib when this page was built "
+                    note="every setting of the grid was sampled by fvlib when this page was built "
                          "(prior_state, the widget's own function).")
 
 
@@ -377,7 +384,7 @@ def _strategy_live(depth, budget, alpha, n_ctx, noise_std, samples, seed) -> Liv
     return LiveSpec("strategy", controls, compute, shared={"depth": depth, "seed": seed, "strategies": list(EXPLORER_STRATEGIES),
                                                         "colors": {k: STRATEGY_COLORS[k] for k in EXPLORER_STRATEGIES},
                                                         "labels": {k: STRATEGY_LABELS[k] for k in EXPLORER_STRATEGIES}},
-                    note=f"Each setting of the grid is a Monte Carlo sweep run by fvlib when this page was "
+                    note=f"each setting of the grid is a Monte Carlo sweep run by fvlib when this page was "
                          f"built (strategy_state, the widget's own function): {samples} contexts per point, "
                          f"seed {seed}, the same contexts at every budget.")
 
@@ -471,9 +478,8 @@ class TrainingExplorer(Explorer):
                     Control("step", "training step", tuple(recorded), recorded[-1], grid=False))
         return LiveSpec("training", controls, lambda model, prior: states.get((model, prior)),
                         shared={"depth": self.base.depth, "budget": self.base.budget, "colors": dict(MODEL_COLORS)},
-                        note="A playback of the runs recorded when this page was built (the runs "
-                             "of the chapter, seed " + str(self.base.seed) + "); in Jupyter or Colab the "
-                             "explorer trains new runs.")
+                        note="a playback of the runs recorded when this page was built (the chapter's "
+                             f"runs, seed {self.base.seed}); the widget in Jupyter or Colab trains new ones.")
 
     def run_dir(self):
         return run_dir_for(self.config(), self.run_root)
@@ -709,7 +715,7 @@ def patching_explorer(
                   "colors": colors,
                   "ratio": {name: patching_ratio(result).tolist() for name, result in sweeps.items()}}
         return LiveSpec("patching", grid, compute, shared=shared,
-                        note=f"Every cell was patched by fvlib when this page was built (patching_state, the "
+                        note=f"every cell was patched by fvlib when this page was built (patching_state, the "
                              f"widget's own function): {contexts} donor/target pairs per cell, seed {seed}.")
 
     return Explorer("Patching explorer: where routing happens", controls, draw, live=live)

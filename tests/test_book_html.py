@@ -441,7 +441,10 @@ def test_explorers_are_live_in_the_page(doc, server, browser):
                 assert "fvlib-live-on" in (root.get_attribute("class") or ""), f"{doc}: explorer {index} not live"
                 assert root.locator(".fvlib-explorer-static").is_hidden(), f"{doc}: the PNG is shown beside the drawing"
                 safe = doc.replace("/", "__")
-                root.screenshot(path=str(EXPLORER_SHOTS / f"{safe}-{data['kind']}-{width}.png"))
+                # (the theme's sticky header would cover the top of a tall explorer)
+                root.screenshot(path=str(EXPLORER_SHOTS / f"{safe}-{data['kind']}-{width}.png"),
+                                style="header, .bd-header, .bd-header-article, .header-article, .skip-link "
+                                      "{ visibility: hidden !important; }")
                 if width != 1280:
                     # at phone width the drawing fits the screen: nothing wider than the viewport
                     overflow = root.evaluate("r => Math.max(...Array.from(r.querySelectorAll('svg'))"
