@@ -164,11 +164,11 @@
     o = o || {};
     const pts = xs.map((x, i) => [x, ys[i]]).filter((q) => q[1] !== null && isFinite(q[1]) && (!this.y.log || q[1] > 0));
     const d = pts.map((q, i) => `${i ? "L" : "M"}${this.x(q[0]).toFixed(1)},${this.y(clipY(this, q[1])).toFixed(1)}`).join("");
-    const path = el("svg:path", {d: d || "M0,0", fill: "none", stroke: o.color || "#000", "stroke-width": o.width || 2,
+    const path = el("svg:path", {d: d || "M0,0", fill: "none", stroke: o.color || "currentColor", "stroke-width": o.width || 2,
                                  "stroke-dasharray": o.dash}, this.svg);
     if (o.series) { path.setAttribute("data-series", o.series); path.setAttribute("data-values", ys.join(",")); }
     if (o.marker) {
-      for (const q of pts) el("svg:circle", {cx: this.x(q[0]), cy: this.y(clipY(this, q[1])), r: o.marker, fill: o.color || "#000"}, this.svg);
+      for (const q of pts) el("svg:circle", {cx: this.x(q[0]), cy: this.y(clipY(this, q[1])), r: o.marker, fill: o.color || "currentColor"}, this.svg);
     }
     return path;
   };
@@ -188,21 +188,21 @@
     xs.forEach((x, i) => {
       const X = this.x(x);
       el("svg:line", {x1: X, x2: X, y1: this.y(clipY(this, Math.max(lo[i], floor))), y2: this.y(clipY(this, hi[i])),
-                      stroke: o.color || "#000", "stroke-width": 1.2}, this.svg);
+                      stroke: o.color || "currentColor", "stroke-width": 1.2}, this.svg);
     });
   };
 
   Panel.prototype.hline = function (v, o) {
     o = o || {};
     const y = this.y(clipY(this, v));
-    return el("svg:line", {x1: this.m.left, x2: this.width - this.m.right, y1: y, y2: y, stroke: o.color || "#000",
+    return el("svg:line", {x1: this.m.left, x2: this.width - this.m.right, y1: y, y2: y, stroke: o.color || "currentColor",
                            "stroke-width": o.width || 1.2, "stroke-dasharray": o.dash}, this.svg);
   };
 
   Panel.prototype.vline = function (v, o) {
     o = o || {};
     const x = this.x(v);
-    return el("svg:line", {x1: x, x2: x, y1: this.m.top, y2: this.height - this.m.bottom, stroke: o.color || "#000",
+    return el("svg:line", {x1: x, x2: x, y1: this.m.top, y2: this.height - this.m.bottom, stroke: o.color || "currentColor",
                            "stroke-width": o.width || 1.2, "stroke-dasharray": o.dash}, this.svg);
   };
 
@@ -221,7 +221,7 @@
     xs.forEach((x, i) => {
       const y = this.y(clipY(this, ys[i]));
       el("svg:rect", {x: this.x(x + (o.offset || 0)) - w / 2, y: Math.min(y, y0), width: Math.max(w, 0.6), height: Math.abs(y - y0),
-                      fill: o.color || "#000"}, g);
+                      fill: o.color || "currentColor"}, g);
     });
     return g;
   };
@@ -435,7 +435,7 @@
     p.hline(s.theory, {dash: "6 4", width: 1.4}).setAttribute("data-values", String(s.theory));
     p.vline(ctx.view.step, {color: "#999", width: 1, dash: "2 3"});
     ctx.legend(p, [{color: color, label: `model ${s.model} (evaluation set, band 2 s.e.)`},
-                   {color: "#000", dash: true, label: `theory: ${s.theory_name}`}]);
+                   {color: "currentColor", dash: true, label: `theory: ${s.theory_name}`}]);
     if (!upto) return `Step 0 not recorded. Theory baseline ${s.theory_name} = ${ctx.fixed(s.theory, 4)}.`;
     return `Step ${done}: excess loss ${ctx.fixed(loss[upto - 1], 4)} on ${s.eval_contexts} held-out contexts; theory ` +
       `baseline ${s.theory_name} = ${ctx.fixed(s.theory, 4)}` +
@@ -468,6 +468,9 @@
       stair += `${i ? "L" : "M"}${x},${hm.y(i + 0.5)}L${x},${hm.y(i + 1.5)}`;
     }
     ctx.el("svg:path", {d: stair, stroke: sh.colors.split, "stroke-width": 2.5, fill: "none"}, hm.svg);
+    // a white halo under the outline keeps it visible on the dark cells too
+    ctx.el("svg:rect", {x: hm.x(l - 0.5) + 2, y: hm.y(m - 0.5) + 2, width: cw - 4, height: ch - 4, fill: "none",
+                        stroke: "#fff", "stroke-width": 6}, hm.svg);
     const cell = ctx.el("svg:rect", {x: hm.x(l - 0.5) + 2, y: hm.y(m - 0.5) + 2, width: cw - 4, height: ch - 4, fill: "none",
                                      stroke: sh.colors.cell, "stroke-width": 3}, hm.svg);
     cell.setAttribute("data-series", "cell");
@@ -482,7 +485,7 @@
                            y: {domain: ctx.logRange(rows.flatMap((r) => r[1]), 1.3), log: true, label: "patched / unpatched loss"}});
     if (m < L) row.span(m + 0.5, L + 0.5);
     row.vline(l, {color: sh.colors.cell, width: 1.5});
-    const style = {model: [sh.colors.model, undefined, "trained model"], theory: ["#000", "6 4", "greedy theory"]};
+    const style = {model: [sh.colors.model, undefined, "trained model"], theory: ["currentColor", "6 4", "greedy theory"]};
     rows.forEach(([name, values]) => row.line(layers, values, {color: style[name][0], dash: style[name][1], marker: 3.5,
                                                                series: `row-${name}`}));
     ctx.legend(row, rows.map(([name]) => ({color: style[name][0], dash: !!style[name][1], label: style[name][2]})));
@@ -497,10 +500,10 @@
     const bw = Math.abs(lv.x(1) - lv.x(0)) * 0.45;
     levels.forEach((k) => {
       const y = lv.y(s.baseline_overlap[k]);
-      ctx.el("svg:line", {x1: lv.x(k) - bw, x2: lv.x(k) + bw, y1: y, y2: y, stroke: "#000", "stroke-width": 2.5}, lv.svg);
+      ctx.el("svg:line", {x1: lv.x(k) - bw, x2: lv.x(k) + bw, y1: y, y2: y, stroke: "currentColor", "stroke-width": 2.5}, lv.svg);
     });
     ctx.legend(lv, [{color: sh.colors.target, label: "target's path"}, {color: sh.colors.donor, label: "donor's path"},
-                    {color: "#000", label: "unpatched (target)"}]);
+                    {color: "currentColor", label: "unpatched (target)"}]);
     return `${sh.source}: patching layer ${l} with donors that split at level ${m} multiplies the loss by ` +
       `${ctx.fixed(s.ratio, 2)}. ${sh.contexts} donor/target pairs per cell (seed ${sh.seed}).`;
   };
