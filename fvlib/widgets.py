@@ -292,7 +292,8 @@ EXPLORER_STRATEGIES = ("adaptive_greedy", "nonadaptive_coord", "lmmse")
 def strategy_state(depth: int, budget: int, alpha: float, n_ctx: int, noise_std: float, samples: int,
                    seed: int) -> dict:
     """What the strategy explorer shows: :func:`fvlib.experiments.decay_sweep` of the
-    :data:`EXPLORER_STRATEGIES` on a depth-``depth`` tree at budgets ``1..min(budget, D)``
+    strategies ``EXPLORER_STRATEGIES`` (adaptive greedy, non-adaptive coordinates, LMMSE) on a
+    depth-``depth`` tree at budgets ``1..min(budget, D)``
     (``samples`` contexts, ``seed``; the same contexts at every budget, so the curves up to a
     smaller budget are the first entries of these).
 
