@@ -96,7 +96,7 @@
     // the width of this panel's box once all panels are laid out (second pass), else its own
     const width = Math.max(Math.floor(hint || box.clientWidth || 320), 200);
     const height = opts.height || Math.round(Math.min(300, Math.max(220, width * 0.62)));
-    const m = Object.assign({left: opts.noAxes ? 8 : 58, right: 12, top: opts.title ? 30 : 10, bottom: opts.noAxes ? 8 : 44},
+    const m = Object.assign({left: opts.noAxes ? 8 : 58, right: opts.noAxes ? 12 : 20, top: opts.title ? 30 : 10, bottom: opts.noAxes ? 8 : 44},
                             opts.margin || {});
     this.width = width; this.height = height; this.m = m;
     this.svg = el("svg:svg", {width: width, height: height, viewBox: `0 0 ${width} ${height}`,
