@@ -368,7 +368,8 @@ def strategy_explorer(
 
 #: The static page's grid of the strategy explorer: each point is a Monte Carlo sweep over all
 #: budgets (about 0.7 s of one CPU core at depth 6 with 1000 contexts, most of it at N = 512),
-#: so alpha, N and sigma are coarser than the widget's sliders: 27 sweeps, about 18 s.
+#: so alpha, N and sigma are coarser than the widget's sliders: 27 sweeps, about 20 s of one core
+#: (benchmarks/bench_live.py).
 STRATEGY_GRID = {"alpha": (0.25, 0.5, 1.0), "n_ctx": (32, 128, 512), "noise_std": (0.0, 0.5, 1.0)}
 
 
