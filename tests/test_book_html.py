@@ -295,7 +295,7 @@ def test_page_holds_no_progress_bar_text(doc):
     assert not found, f"{doc}: progress-bar text in the page: {found[:3]}"
 
 
-EXPLORER_CALL = re.compile(r"\b(prior|strategy|training|patching)_explorer\(")
+EXPLORER_CALL = re.compile(r"\b(prior|strategy|training|patching|dp_policy|layer_split)_explorer\(")
 
 
 def _displayed_explorers(doc: str) -> int:
@@ -341,3 +341,45 @@ def test_toc_lists_pages():
     assert len(PAGES) >= 2
     for doc in PAGES:
         assert (ROOT / f"{doc}.md").exists() or (ROOT / f"{doc}.ipynb").exists(), doc
+
+
+INTERNAL_LINK = re.compile(r'<a\b[^>]*class="[^"]*\breference internal\b[^"]*"[^>]*>(.*?)</a>', flags=re.S)
+RAW_LATEX_IN_LINK = ("\\", "$", "^")
+MATHJAX_INLINE = re.compile(r"\\\(.*?\\\)", flags=re.S)
+
+
+def internal_link_texts(page_html: str) -> list[str]:
+    """The visible text of every internal link of a page (tags stripped).
+
+    Math between MathJax's inline delimiters ``\\( ... \\)`` (the navigation and the page
+    contents list a section title with math that way) is typeset in the page and dropped
+    here; whatever LaTeX is left would show as raw text."""
+    texts = []
+    for inner in INTERNAL_LINK.findall(page_html):
+        text = html.unescape(re.sub(r"<[^>]+>", "", inner))
+        texts.append(MATHJAX_INLINE.sub("", text).strip())
+    return texts
+
+
+def test_internal_link_texts_are_found_and_checked():
+    """The parser sees through nested spans, and a title with LaTeX is caught."""
+    sample = ('<p><a class="reference internal" href="06_tree.html#ch-tree">'
+              '<span class="std std-ref">Tree prior: <span class="math">\\(\\alpha^L\\)</span></span></a> and '
+              '<a class="reference internal" href="05_gaussian.html"><span>Gaussian prior</span></a></p>')
+    assert internal_link_texts(sample) == ["Tree prior:", "Gaussian prior"]  # typeset math dropped
+    raw = sample.replace("\\(\\alpha^L\\)", "\\alpha^L")  # a {ref} that copied a math title
+    texts = internal_link_texts(raw)
+    assert texts[0] == "Tree prior: \\alpha^L"
+    assert [t for t in texts if any(c in t for c in RAW_LATEX_IN_LINK)] == [texts[0]]
+
+
+@pytest.mark.parametrize("doc", PAGES)
+def test_link_texts_hold_no_raw_latex(doc):
+    """Cross-references read as plain words: no backslash, dollar or caret in the text of any
+    internal link (a section title with math needs an explicit plain link title)."""
+    html_file = HTML / f"{doc}.html"
+    if not html_file.exists():
+        _unavailable(f"{html_file} is missing: run `make book` first")
+    texts = internal_link_texts(html_file.read_text(encoding="utf-8"))
+    bad = sorted({t for t in texts if any(c in t for c in RAW_LATEX_IN_LINK)})
+    assert not bad, f"{doc}: internal links with raw LaTeX in their text: {bad[:5]}"
