@@ -185,6 +185,15 @@ _MATH_REPORT = """
 """
 
 
+# Code blocks (code cells and code in the prose, not cell outputs) that are wider than their
+# box at the page's width: they would need a horizontal scroll bar.
+_CODE_OVERFLOW = """
+() => Array.from(document.querySelectorAll("main div.highlight pre"))
+  .filter(pre => !pre.closest("div.cell_output") && pre.scrollWidth > pre.clientWidth + 1)
+  .map(pre => `${pre.scrollWidth}px > ${pre.clientWidth}px: ${pre.textContent.trim().slice(0, 60)}`)
+"""
+
+
 @pytest.mark.parametrize("doc", PAGES)
 def test_page_renders(doc, server, browser):
     html_file = HTML / f"{doc}.html"
@@ -243,6 +252,7 @@ def test_page_renders(doc, server, browser):
         if has_math:
             assert page.evaluate(_WAIT_FOR_MATHJAX), f"{doc}: MathJax did not start within 30 s"
         report = page.evaluate(_MATH_REPORT)
+        code_overflow = page.evaluate(_CODE_OVERFLOW)
         page.wait_for_timeout(200)  # let late console messages arrive
 
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
@@ -266,6 +276,8 @@ def test_page_renders(doc, server, browser):
     unexpected = sorted({u for u in external if not _allowed_external(u)})
     assert not unexpected, f"{doc}: requests to external hosts: {unexpected}"
     assert not problems, f"{doc}:\n" + "\n".join(problems)
+    # at 1280 px a 90-character code line fits the content column (_ext/book_static/book.css)
+    assert not code_overflow, f"{doc}: code wider than the content column: {code_overflow[:3]}"
 
 
 @pytest.mark.parametrize("doc", [d for d in PAGES if _is_notebook(d)])
