@@ -85,8 +85,10 @@ __all__ = [
     "measurement_profile",
     "workspace_projections",
     "DP_POLICY_GRID",
+    "DP_POLICY_SETTINGS",
     "dp_policy_state",
     "LAYER_SPLIT_GRID",
+    "LAYER_SPLIT_DEPTH",
     "split_budget",
     "layer_split_state",
 ]
@@ -488,8 +490,8 @@ def layer_split_state(budget: int = 6, layers: int = 2, alpha: float = 0.5) -> d
     the tree prior against its Gaussian twin, without channel noise (closed forms).
 
     Tree: depth :data:`LAYER_SPLIT_DEPTH`, decay ``alpha``. Tree loss:
-    :func:`fvlib.theory.noisefree_layered_loss` (breadth-first batches below the resolved
-    path); Gaussian twin: :func:`fvlib.theory.gaussian_coordinate_loss` of its ``M`` largest
+    :func:`fvlib.theory.closed_forms.noisefree_layered_loss` (breadth-first batches below the resolved
+    path); Gaussian twin: :func:`fvlib.theory.closed_forms.gaussian_coordinate_loss` of its ``M`` largest
     variances with ``tau^2 = 0``, which does not depend on the split (adaptive choices gain
     nothing for a Gaussian prior, chapter 5). Returns plain numbers: ``budget``, ``layers``,
     ``alpha``, ``depth``, ``dim``, ``energy``, ``layer_sizes``, ``tree_loss``,

@@ -189,7 +189,7 @@ POLICY_COLORS = {"optimal": OKABE_ITO["vermillion"], "greedy": OKABE_ITO["blue"]
 
 
 def policy_from_state(state: Mapping) -> dict:
-    """The nested policy dict of :func:`fvlib.theory.dp_policy_tree` rebuilt from a
+    """The nested policy dict of :func:`fvlib.theory.dp.dp_policy_tree` rebuilt from a
     :func:`fvlib.experiments.dp_policy_state` (``None`` interval ends are infinite)."""
     b = state["branches"]
     branches = [{"phi_range": (-math.inf if lo is None else lo, math.inf if hi is None else hi),
