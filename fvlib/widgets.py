@@ -552,7 +552,6 @@ def patching_explorer(
     return Explorer("Patching explorer: where routing happens", controls, draw)
 
 
-
 # ----------------------------------------------------------------------------------------
 # DP policy explorer (chapter 4)
 # ----------------------------------------------------------------------------------------
