@@ -31,6 +31,16 @@ Inside a trained model (chapters 9, *Inside the model*, and 10, *Causal interven
   measurement weight, relative to the context's own path;
 * :func:`workspace_projections` -- principal-component projections of the workspace
   ``Phi_l`` of every layer.
+
+States of the explorers of chapters 4 and 5 (:func:`fvlib.widgets.dp_policy_explorer`,
+:func:`fvlib.widgets.layer_split_explorer`): pure functions of the control values that return
+plain JSON-able numbers (lists, floats, ints, strings), so the same state can be computed over
+the control grid (:data:`DP_POLICY_GRID`, :data:`LAYER_SPLIT_GRID`) ahead of time:
+
+* :func:`dp_policy_state` -- the optimal two-layer DP policy against greedy at one channel
+  noise ``tau`` (exact quadrature);
+* :func:`layer_split_state` -- a budget ``M`` split into ``L`` layers: the noise-free tree loss
+  against the Gaussian twin's (closed forms); :func:`split_budget` is the split.
 """
 
 from __future__ import annotations
@@ -42,15 +52,21 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ._checks import check_int, check_number
 from .models import hook_name
-from .priors import TreePrior
+from .priors import GaussianPrior, TreePrior
 from .theory import (
     best_fixed_nodes,
     channel_tau2,
+    dp_policy_tree,
     evaluate_strategies,
+    gaussian_coordinate_loss,
+    leaf_values_at,
     noisefree_adaptive_loss,
+    noisefree_layered_loss,
     noisefree_nodes_loss,
     noisefree_nonadaptive_loss,
+    policy_value,
 )
 from .train import TrainConfig, TrainResult, run_dir_for, train
 
@@ -68,6 +84,13 @@ __all__ = [
     "advantage_sweep",
     "measurement_profile",
     "workspace_projections",
+    "DP_POLICY_GRID",
+    "DP_POLICY_SETTINGS",
+    "dp_policy_state",
+    "LAYER_SPLIT_GRID",
+    "LAYER_SPLIT_DEPTH",
+    "split_budget",
+    "layer_split_state",
 ]
 
 
@@ -384,3 +407,115 @@ def workspace_projections(model, batch, components: int = 2) -> list[dict]:
         c = min(components, vh.shape[0])
         out.append({"coords": (centred @ vh[:c].T).numpy(), "explained": (s[:c] ** 2 / (s**2).sum()).numpy()})
     return out
+
+
+# ----------------------------------------------------------------------------------------
+# Explorer states (chapters 4 and 5)
+# ----------------------------------------------------------------------------------------
+#: Control grid of :func:`dp_policy_state`: the channel noise levels ``tau`` (those of chapter 4's
+#: two-layer table, plus 0.25).
+DP_POLICY_GRID = {"tau": (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.25, 1.5)}
+
+#: Fixed settings of :func:`dp_policy_state`: chapter 4's tree, two layers, its quadrature rule and
+#: its observation grid (spacing 0.025 on ``[-2, 2]``).
+DP_POLICY_SETTINGS = {"depth": 3, "alpha": 0.5, "layers": 2, "quad_points": 48, "rule": "hermite",
+                      "phi_points": 161, "phi_max": 2.0}
+
+
+def _normal_cdf(x: float) -> float:
+    if math.isinf(x):
+        return 1.0 if x > 0 else 0.0
+    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+
+
+def dp_policy_state(tau: float = 0.6) -> dict:
+    """The optimal two-layer policy (chapter 4) against greedy at channel noise ``tau``.
+
+    Tree, layers and quadrature are :data:`DP_POLICY_SETTINGS`. Returns plain numbers:
+    ``tau``, ``depth``, ``alpha``, ``layers``, ``quad_points``, ``rule``; ``values``
+    (``optimal``, ``greedy``, ``nonadaptive``: expected final risks by the same quadrature)
+    and ``ratio`` (optimal / greedy); ``first_node`` and ``first_value`` (the first
+    measurement and its risk); ``branches``, lists over the intervals of the first observation
+    ``phi_1``: ``lo``, ``hi`` (``None`` for an infinite end), ``node`` (the second measurement),
+    ``value`` (its expected risk) and ``prob`` (the prior probability of the interval);
+    ``remeasure_prob`` (probability that the first node is measured again). About 0.5 s.
+    """
+    cfg = DP_POLICY_SETTINGS
+    check_number("tau", tau, 0.01, 5.0)
+    tree = TreePrior(cfg["depth"], cfg["alpha"])
+    quad = {"quad_points": cfg["quad_points"], "rule": cfg["rule"]}
+    grid = torch.linspace(-cfg["phi_max"], cfg["phi_max"], cfg["phi_points"], dtype=torch.float64)
+    policy = dp_policy_tree(tree, cfg["layers"], tau, phi_grid=grid, **quad)
+    values = {p: policy_value(tree, cfg["layers"], tau, p, **quad) for p in ("optimal", "greedy", "nonadaptive")}
+    centres = leaf_values_at(tree, torch.tensor([policy["node"]]))[0].tolist()  # theta[first] per leaf
+
+    def prob(lo, hi):
+        return sum(_normal_cdf((hi - c) / tau) - _normal_cdf((lo - c) / tau) for c in centres) / len(centres)
+
+    branches = {"lo": [], "hi": [], "node": [], "value": [], "prob": []}
+    for b in policy["branches"]:
+        lo, hi = b["phi_range"]
+        branches["lo"].append(None if math.isinf(lo) else float(lo))
+        branches["hi"].append(None if math.isinf(hi) else float(hi))
+        branches["node"].append(int(b["node"]))
+        branches["value"].append(float(b["value"]))
+        branches["prob"].append(float(prob(lo, hi)))
+    again = sum(p for n, p in zip(branches["node"], branches["prob"]) if n == policy["node"])
+    return {"tau": float(tau), "depth": cfg["depth"], "alpha": cfg["alpha"], "layers": cfg["layers"],
+            "quad_points": cfg["quad_points"], "rule": cfg["rule"],
+            "values": {k: float(v) for k, v in values.items()},
+            "ratio": float(values["optimal"] / values["greedy"]),
+            "first_node": int(policy["node"]), "first_value": float(policy["value"]),
+            "branches": branches, "remeasure_prob": float(again)}
+
+
+#: Control grid of :func:`layer_split_state`: budget ``M``, layers ``L`` and decay ``alpha``.
+LAYER_SPLIT_GRID = {"budget": tuple(range(1, 13)), "layers": tuple(range(1, 13)), "alpha": (0.3, 0.5, 0.7, 0.9)}
+
+#: Tree depth of :func:`layer_split_state` (chapter 5's twin: ``K = 5``, ``D = 31``).
+LAYER_SPLIT_DEPTH = 5
+
+
+def split_budget(budget: int, layers: int) -> list[int]:
+    """``budget`` measurements over ``layers`` layers as evenly as possible, larger layers
+    first: ``[ceil(M/L)] * (M mod L) + [floor(M/L)] * (L - M mod L)`` (zeros when ``L > M``)."""
+    check_int("budget", budget, 1)
+    check_int("layers", layers, 1)
+    base, extra = divmod(budget, layers)
+    return [base + 1] * extra + [base] * (layers - extra)
+
+
+def layer_split_state(budget: int = 6, layers: int = 2, alpha: float = 0.5) -> dict:
+    """A budget of ``M`` coordinate measurements split into ``L`` layers (:func:`split_budget`):
+    the tree prior against its Gaussian twin, without channel noise (closed forms).
+
+    Tree: depth :data:`LAYER_SPLIT_DEPTH`, decay ``alpha``. Tree loss:
+    :func:`fvlib.theory.closed_forms.noisefree_layered_loss` (breadth-first batches below the resolved
+    path); Gaussian twin: :func:`fvlib.theory.closed_forms.gaussian_coordinate_loss` of its ``M`` largest
+    variances with ``tau^2 = 0``, which does not depend on the split (adaptive choices gain
+    nothing for a Gaussian prior, chapter 5). Returns plain numbers: ``budget``, ``layers``,
+    ``alpha``, ``depth``, ``dim``, ``energy``, ``layer_sizes``, ``tree_loss``,
+    ``gaussian_loss``; ``layer_axis`` (``1..12``) with ``tree_by_layers`` at this budget (the
+    Gaussian loss is ``gaussian_loss`` whatever the split); ``budget_axis`` (``1..12``) with
+    ``tree_by_budget`` and ``gaussian_by_budget`` at this number of layers.
+    """
+    check_int("budget", budget, 1, 64)
+    check_int("layers", layers, 1, 64)
+    check_number("alpha", alpha, 0.05, 1.0)
+    tree = TreePrior(LAYER_SPLIT_DEPTH, alpha)
+    variances = GaussianPrior.twin_of(tree).variances
+
+    def tree_loss(m, n_layers):  # rounded to 1e-9: compact JSON, far below any difference shown
+        return round(noisefree_layered_loss(tree, split_budget(m, n_layers)), 9)
+
+    def gauss_loss(m):
+        return round(gaussian_coordinate_loss(variances, m, 0.0), 9)
+
+    layer_axis = list(LAYER_SPLIT_GRID["layers"])
+    budget_axis = list(LAYER_SPLIT_GRID["budget"])
+    return {"budget": budget, "layers": layers, "alpha": float(alpha), "depth": tree.depth, "dim": tree.dim,
+            "energy": float(tree.energy), "layer_sizes": split_budget(budget, layers),
+            "tree_loss": tree_loss(budget, layers), "gaussian_loss": gauss_loss(budget),
+            "layer_axis": layer_axis, "tree_by_layers": [tree_loss(budget, n) for n in layer_axis],
+            "budget_axis": budget_axis, "tree_by_budget": [tree_loss(m, layers) for m in budget_axis],
+            "gaussian_by_budget": [gauss_loss(m) for m in budget_axis]}

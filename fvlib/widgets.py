@@ -14,6 +14,14 @@ so tests and notebooks can check what an explorer displays without a browser.
   baseline; *Stop* checkpoints the run and *Train* resumes it.
 * :func:`patching_explorer` -- split level ``m`` and layer ``l``: the key-patching heatmap,
   its row ``m``, and what patching cell ``(m, l)`` does to each level of the prediction.
+* :func:`dp_policy_explorer` -- channel noise ``tau``: the optimal two-layer DP policy against
+  greedy (chapter 4).
+* :func:`layer_split_explorer` -- budget ``M``, layers ``L`` and ``alpha``: the tree against
+  its Gaussian twin as ``M`` is split into ``L`` layers (chapter 5).
+
+The last two are a pure state function of :mod:`fvlib.experiments` (control values -> plain
+JSON-able numbers, with the control grid as a module constant there), a figure function of
+:mod:`fvlib.plots.explorers` that draws a state, and the :class:`Explorer` that calls both.
 
 Static pages (the rendered book) cannot run Python, so every explorer also carries an HTML
 view (``text/html`` in its display bundle), which the book's ``_config.yml`` tells myst-nb to
@@ -47,11 +55,11 @@ from matplotlib.figure import Figure
 from tqdm.notebook import tqdm as notebook_tqdm
 
 from ._checks import check_int, check_number
-from .experiments import DecaySweep, decay_sweep
+from .experiments import DP_POLICY_GRID, LAYER_SPLIT_GRID, DecaySweep, decay_sweep, dp_policy_state, layer_split_state
 from .live import Control, LiveSpec, live_block, live_enabled
 from .patching import PatchingResult, key_patching_sweep, patch_level_effect, patching_ratio, theory_patching_sweep
-from .plots.explorers import (STRATEGY_COLORS, plot_patching_cell, plot_prior_sample, plot_strategy_curves,
-                              plot_training_run)
+from .plots.explorers import (POLICY_COLORS, STRATEGY_COLORS, plot_dp_policy_state, plot_layer_split_state,
+                              plot_patching_cell, plot_prior_sample, plot_strategy_curves, plot_training_run)
 from .plots.style import MODEL_COLORS, OKABE_ITO, STRATEGY_LABELS
 from .priors import GaussianPrior, TreePrior
 from .task import make_generator
@@ -69,6 +77,8 @@ __all__ = [
     "strategy_explorer",
     "training_explorer",
     "patching_explorer",
+    "dp_policy_explorer",
+    "layer_split_explorer",
 ]
 
 #: The note under every explorer in the static HTML.
@@ -721,3 +731,86 @@ def patching_explorer(
                              f"widget's own function): {contexts} donor/target pairs per cell, seed {seed}.")
 
     return Explorer("Patching explorer: where routing happens", controls, draw, live=live)
+
+
+# ----------------------------------------------------------------------------------------
+# DP policy explorer (chapter 4)
+# ----------------------------------------------------------------------------------------
+def _draw_dp_policy(tau: float) -> tuple[Figure, dict, str]:
+    state = dp_policy_state(tau)
+    v = state["values"]
+    caption = (f"tau = {tau:g}: optimal {v['optimal']:.4f}, greedy {v['greedy']:.4f}, non-adaptive "
+               f"{v['nonadaptive']:.4f} (optimal / greedy = {state['ratio']:.3f}). The optimal policy "
+               f"measures node {state['first_node']} first and measures it again with probability "
+               f"{state['remeasure_prob']:.3f}. K = {state['depth']}, alpha = {state['alpha']:g}, "
+               f"L = {state['layers']}; exact quadrature ({state['quad_points']}-point "
+               f"{state['rule']} rule), no Monte Carlo.")
+    return plot_dp_policy_state(state), state, caption
+
+
+def dp_policy_explorer(tau: float = 0.6) -> Explorer:
+    """Channel noise ``tau`` (the values of ``DP_POLICY_GRID``): the optimal two-layer policy of
+    chapter 4 (K = 3, alpha = 1/2) as a decision tree with the probability of each branch,
+    beside the values of the optimal, greedy and non-adaptive policies.
+
+    ``summary`` is :func:`fvlib.experiments.dp_policy_state` at the current ``tau``.
+    """
+    _check_in("tau", tau, DP_POLICY_GRID["tau"])
+    controls = {"tau": widgets.SelectionSlider(options=DP_POLICY_GRID["tau"], value=tau,
+                                               description="noise tau", continuous_update=False)}
+    return Explorer("DP policy explorer: the optimal policy against greedy", controls, _draw_dp_policy,
+                    live=lambda: _dp_policy_live(tau))
+
+
+def _dp_policy_live(tau: float) -> LiveSpec:
+    controls = (Control("tau", "noise tau", DP_POLICY_GRID["tau"], tau),)
+    colors = {name: POLICY_COLORS[name] for name in ("optimal", "greedy", "nonadaptive")}
+    return LiveSpec("dp_policy", controls, dp_policy_state, shared={"colors": colors},
+                    note="every value of tau was solved by fvlib when this page was built (dp_policy_state, "
+                         "the widget's own function; exact quadrature, no Monte Carlo).")
+
+
+# ----------------------------------------------------------------------------------------
+# Layer split explorer (chapter 5)
+# ----------------------------------------------------------------------------------------
+def _draw_layer_split(budget: int, layers: int, alpha: float) -> tuple[Figure, dict, str]:
+    state = layer_split_state(budget, layers, alpha)
+    sizes = state["layer_sizes"]
+    caption = (f"M = {budget} measurements in L = {layers} layers (sizes {sizes}): tree "
+               f"{state['tree_loss']:.4f}, Gaussian twin {state['gaussian_loss']:.4f} (the same for "
+               f"every L). K = {state['depth']}, alpha = {alpha:g}, no channel noise; closed forms, "
+               f"no Monte Carlo.")
+    return plot_layer_split_state(state), state, caption
+
+
+def layer_split_explorer(budget: int = 6, layers: int = 2, alpha: float = 0.5) -> Explorer:
+    """Budget ``M``, layers ``L`` and ``alpha`` (the values of ``LAYER_SPLIT_GRID``): ``M``
+    coordinate measurements split evenly into ``L`` layers, on the depth-5 tree and on its
+    Gaussian twin without channel noise. The twin's loss depends only on ``M``; the tree's
+    adaptive loss falls as the same budget is spread over more layers.
+
+    ``summary`` is :func:`fvlib.experiments.layer_split_state` at the current settings.
+    """
+    _check_in("budget", budget, LAYER_SPLIT_GRID["budget"])
+    _check_in("layers", layers, LAYER_SPLIT_GRID["layers"])
+    _check_in("alpha", alpha, LAYER_SPLIT_GRID["alpha"])
+    controls = {
+        "budget": widgets.SelectionSlider(options=LAYER_SPLIT_GRID["budget"], value=budget,
+                                          description="budget M", continuous_update=False),
+        "layers": widgets.SelectionSlider(options=LAYER_SPLIT_GRID["layers"], value=layers,
+                                          description="layers L", continuous_update=False),
+        "alpha": widgets.SelectionSlider(options=LAYER_SPLIT_GRID["alpha"], value=alpha,
+                                         description="alpha", continuous_update=False),
+    }
+    return Explorer("Layer split explorer: one budget, more or fewer layers", controls, _draw_layer_split,
+                    live=lambda: _layer_split_live(budget, layers, alpha))
+
+
+def _layer_split_live(budget: int, layers: int, alpha: float) -> LiveSpec:
+    controls = (Control("budget", "budget M", LAYER_SPLIT_GRID["budget"], budget),
+                Control("layers", "layers L", LAYER_SPLIT_GRID["layers"], layers),
+                Control("alpha", "alpha", LAYER_SPLIT_GRID["alpha"], alpha))
+    colors = {"tree": OKABE_ITO["vermillion"], "gaussian": OKABE_ITO["blue"], "mark": "#000000"}
+    return LiveSpec("layer_split", controls, layer_split_state, shared={"colors": colors},
+                    note="every setting of the grid was computed by fvlib when this page was built "
+                         "(layer_split_state, the widget's own function; closed forms, no Monte Carlo).")

@@ -186,6 +186,15 @@ _MATH_REPORT = """
 """
 
 
+# Code cells (their input; lines of at most 90 characters) that are wider than their box at the
+# page's width: they would need a horizontal scroll bar.
+_CODE_OVERFLOW = """
+() => Array.from(document.querySelectorAll("main div.cell_input pre"))
+  .filter(pre => pre.scrollWidth > pre.clientWidth + 1)
+  .map(pre => `${pre.scrollWidth}px > ${pre.clientWidth}px: ${pre.textContent.trim().slice(0, 60)}`)
+"""
+
+
 @pytest.mark.parametrize("doc", PAGES)
 def test_page_renders(doc, server, browser):
     html_file = HTML / f"{doc}.html"
@@ -244,6 +253,7 @@ def test_page_renders(doc, server, browser):
         if has_math:
             assert page.evaluate(_WAIT_FOR_MATHJAX), f"{doc}: MathJax did not start within 30 s"
         report = page.evaluate(_MATH_REPORT)
+        code_overflow = page.evaluate(_CODE_OVERFLOW)
         page.wait_for_timeout(200)  # let late console messages arrive
 
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
@@ -267,6 +277,8 @@ def test_page_renders(doc, server, browser):
     unexpected = sorted({u for u in external if not _allowed_external(u)})
     assert not unexpected, f"{doc}: requests to external hosts: {unexpected}"
     assert not problems, f"{doc}:\n" + "\n".join(problems)
+    # at 1280 px a 90-character code line fits the content column (_ext/book_static/book.css)
+    assert not code_overflow, f"{doc}: code cells wider than the content column: {code_overflow[:3]}"
 
 
 @pytest.mark.parametrize("doc", [d for d in PAGES if _is_notebook(d)])
@@ -296,7 +308,7 @@ def test_page_holds_no_progress_bar_text(doc):
     assert not found, f"{doc}: progress-bar text in the page: {found[:3]}"
 
 
-EXPLORER_CALL = re.compile(r"\b(prior|strategy|training|patching)_explorer\(")
+EXPLORER_CALL = re.compile(r"\b(prior|strategy|training|patching|dp_policy|layer_split)_explorer\(")
 
 
 def _displayed_explorers(doc: str) -> int:
@@ -381,6 +393,12 @@ def _expected_series(data: dict, key: str, view: dict) -> dict[str, list[float]]
                "cell": [m, l, shared["ratio"]["model" if "model" in shared["ratio"] else "theory"][m - 1][l - 1]]}
         out.update({f"row-{name}": ratio[m - 1] for name, ratio in shared["ratio"].items()})
         return out
+    if kind == "dp_policy":
+        return {"prob": state["branches"]["prob"],
+                "values": [state["values"][k] for k in ("optimal", "greedy", "nonadaptive")]}
+    if kind == "layer_split":
+        return {name: state[name] for name in ("tree_by_layers", "tree_by_budget", "gaussian_by_budget")} | {
+            "gaussian_by_layers": [state["gaussian_loss"]] * len(state["layer_axis"])}
     raise AssertionError(f"no expectation for explorer kind {kind!r}")
 
 
@@ -483,3 +501,45 @@ def test_explorers_are_live_in_the_page(doc, server, browser):
         assert not unexpected, f"{doc}: requests to external hosts: {unexpected}"
         assert not external, f"{doc}: requests that leave the site: {sorted(set(external))}"
         assert not problems, f"{doc} at {width} px:\n" + "\n".join(problems)
+
+
+INTERNAL_LINK = re.compile(r'<a\b[^>]*class="[^"]*\breference internal\b[^"]*"[^>]*>(.*?)</a>', flags=re.S)
+RAW_LATEX_IN_LINK = ("\\", "$", "^")
+MATHJAX_INLINE = re.compile(r"\\\(.*?\\\)", flags=re.S)
+
+
+def internal_link_texts(page_html: str) -> list[str]:
+    """The visible text of every internal link of a page (tags stripped).
+
+    Math between MathJax's inline delimiters ``\\( ... \\)`` (the navigation and the page
+    contents list a section title with math that way) is typeset in the page and dropped
+    here; whatever LaTeX is left would show as raw text."""
+    texts = []
+    for inner in INTERNAL_LINK.findall(page_html):
+        text = html.unescape(re.sub(r"<[^>]+>", "", inner))
+        texts.append(MATHJAX_INLINE.sub("", text).strip())
+    return texts
+
+
+def test_internal_link_texts_are_found_and_checked():
+    """The parser sees through nested spans, and a title with LaTeX is caught."""
+    sample = ('<p><a class="reference internal" href="06_tree.html#ch-tree">'
+              '<span class="std std-ref">Tree prior: <span class="math">\\(\\alpha^L\\)</span></span></a> and '
+              '<a class="reference internal" href="05_gaussian.html"><span>Gaussian prior</span></a></p>')
+    assert internal_link_texts(sample) == ["Tree prior:", "Gaussian prior"]  # typeset math dropped
+    raw = sample.replace("\\(\\alpha^L\\)", "\\alpha^L")  # a {ref} that copied a math title
+    texts = internal_link_texts(raw)
+    assert texts[0] == "Tree prior: \\alpha^L"
+    assert [t for t in texts if any(c in t for c in RAW_LATEX_IN_LINK)] == [texts[0]]
+
+
+@pytest.mark.parametrize("doc", PAGES)
+def test_link_texts_hold_no_raw_latex(doc):
+    """Cross-references read as plain words: no backslash, dollar or caret in the text of any
+    internal link (a section title with math needs an explicit plain link title)."""
+    html_file = HTML / f"{doc}.html"
+    if not html_file.exists():
+        _unavailable(f"{html_file} is missing: run `make book` first")
+    texts = internal_link_texts(html_file.read_text(encoding="utf-8"))
+    bad = sorted({t for t in texts if any(c in t for c in RAW_LATEX_IN_LINK)})
+    assert not bad, f"{doc}: internal links with raw LaTeX in their text: {bad[:5]}"

@@ -221,10 +221,10 @@ def _embedded_bytes(page: str) -> int:
     return sum(len(b.encode()) for b in blocks)
 
 
-def test_built_pages_hold_the_four_explorers_within_the_size_limit():
+def test_built_pages_hold_the_six_explorers_within_the_size_limit():
     pages = _built_pages()
     kinds = {spec["kind"] for specs in pages.values() for spec in specs}
-    assert {"prior", "strategy", "training", "patching"} <= kinds, kinds
+    assert {"prior", "strategy", "training", "patching", "dp_policy", "layer_split"} <= kinds, kinds
     code = sum((HTML / "_static" / name).stat().st_size for name in ("fvlib-live.js", "fvlib-live.css"))
     for name in pages:
         size = _embedded_bytes((HTML / name).read_text(encoding="utf-8")) + code
@@ -276,3 +276,27 @@ def test_built_training_explorer_is_the_recorded_runs():
             reference = theory_reference(config, samples=state["theory_samples"] or 2000)
             _close(state["theory"], reference["value"], data["digits"], key)
     assert json.dumps(data["shared"])  # plain data
+
+
+def test_dp_policy_grid_matches_the_widget():
+    explorer = widgets.dp_policy_explorer(tau=0.6)
+    (data,) = live.embedded_specs(explorer.static_html(live=True))
+    from fvlib.experiments import DP_POLICY_GRID
+
+    assert len(data["states"]) == len(DP_POLICY_GRID["tau"])
+    for key in ["0.6"] + _sample_keys(data, 2, seed=3):
+        _set(explorer, _values_of(key, data))
+        _close(data["states"][key], explorer.summary, data["digits"], key)
+
+
+def test_layer_split_grid_matches_the_widget():
+    explorer = widgets.layer_split_explorer(budget=6, layers=2, alpha=0.5)
+    (data,) = live.embedded_specs(explorer.static_html(live=True))
+    from fvlib.experiments import LAYER_SPLIT_GRID
+
+    assert len(data["states"]) == (len(LAYER_SPLIT_GRID["budget"]) * len(LAYER_SPLIT_GRID["layers"])
+                                   * len(LAYER_SPLIT_GRID["alpha"]))
+    for key in ["6|2|0.5"] + _sample_keys(data, 5, seed=4):
+        _set(explorer, _values_of(key, data))
+        _close(data["states"][key], explorer.summary, data["digits"], key)
+    assert data["states"]["6|2|0.5"]["tree_loss"] == 0.0625 and data["states"]["6|2|0.5"]["gaussian_loss"] == 0.25

@@ -92,6 +92,25 @@ def test_channel_sweep_and_gap(sweep):
         plot_channel_sweep({"finite": sweep["finite"]})
 
 
+def test_relative_gap_keeps_points_outside_ylim_in_the_frame(sweep):
+    """A gap beyond ``ylim`` is drawn at the edge with a triangle and its value, so no line
+    leaves the frame (chapter 3's greedy gap at large N)."""
+    import matplotlib.pyplot as plt
+
+    expected = [relative_gap(sweep["finite"][n]["lmmse"], sweep["gaussian"][n]["lmmse"])[0] for n in (8, 32)]
+    half = 0.5 * min(abs(g) for g in expected if g != 0)
+    fig, ax = plt.subplots()
+    gaps = plot_relative_gap(sweep, ax=ax, strategies=["lmmse"], ylim=(-half, half))
+    y = gaps["lmmse"].lines[0].get_ydata()
+    assert np.all(np.abs(y) <= half + 1e-12) and ax.get_ylim() == pytest.approx((-half, half))
+    labels = [t.get_text() for t in ax.texts]
+    assert len(labels) == sum(abs(g) > half for g in expected)
+    assert labels[0] == f"{expected[0]:+.0%}" if labels else True
+    with pytest.raises(ValueError, match="ylim"):
+        plot_relative_gap(sweep, ax=ax, ylim=(0.3, -0.3))
+    plt.close(fig)
+
+
 def test_level_error_rates():
     f, g = plot_level_error_rates([0.01, 0.1, 0.3], [0.02, 0.1, 0.3], finite_stderr=[0.001, 0.01, 0.01])
     assert isinstance(f, BarContainer) and isinstance(g, BarContainer)

@@ -82,6 +82,12 @@ def test_advantage_sweep_and_heatmap():
     assert len(ax.texts) == 6
     im2 = plot_advantage_heatmap(grid, noisefree_column=False, annotate=False)
     assert im2.get_array().shape == (2, 2)
+    # the colour bar speaks the legend words of fvlib.plots.style, not the strategies' keys
+    from fvlib.plots.style import STRATEGY_LABELS
+
+    bar_label = fig.axes[-1].get_ylabel()
+    assert STRATEGY_LABELS["nonadaptive_coord"] in bar_label and STRATEGY_LABELS["adaptive_greedy"] in bar_label
+    assert "_" not in bar_label
 
 
 # The direction optimisation is many tiny steps: threads only cost. The fixture is module-scoped

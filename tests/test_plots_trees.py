@@ -86,11 +86,11 @@ def test_draw_policy_tree_boxes_edges_and_colours():
     boxes = [t for t in ax.texts if t.get_label() == "box"]
     edges = [t for t in ax.texts if t.get_label() == "edge"]
     assert len(boxes) == 4 and len(edges) == 3
-    assert boxes[0].get_text().startswith("measure 0 (level 0)")
+    assert boxes[0].get_text().startswith("measure 0\nlevel 0")
     assert "E risk 0.500" in boxes[0].get_text()
     # the re-measurement of node 0 is drawn in a different colour from first measurements
     colours = {b.get_text().split("\n")[0]: b.get_bbox_patch().get_facecolor() for b in boxes[1:]}
-    assert colours["measure 0 (level 0)"] != colours["measure 1 (level 1)"]
+    assert colours["measure 0"] != colours["measure 1"]
     assert ax.get_legend() is not None
 
 
@@ -101,3 +101,25 @@ def test_draw_policy_tree_on_a_real_dp_policy():
     boxes = [t for t in ax.texts if t.get_label() == "box"]
     assert len(boxes) == 1 + len(policy["branches"])
     assert ax.get_legend() is None
+
+
+def test_draw_policy_tree_boxes_do_not_overlap_on_a_bushy_policy():
+    """Nine leaves in a 16-inch figure (chapter 4's three-layer policy): the font follows the
+    room per leaf, so no two boxes (nor a box and an edge label) overlap."""
+    import matplotlib.pyplot as plt
+
+    leaf = {"node": 3, "value": 0.154, "branches": []}
+    third = [{"phi_range": r, **leaf} for r in ((-math.inf, -0.5), (-0.5, 0.5), (0.5, math.inf))]
+    second = {"node": 1, "value": 0.277, "branches": third}
+    policy = {"node": 0, "value": 0.347,
+              "branches": [{"phi_range": r, **second} for r in ((-math.inf, -0.5), (-0.5, 0.5), (0.5, math.inf))]}
+    fig, ax = plt.subplots(figsize=(16, 5.2))
+    draw_policy_tree(policy, TreePrior(3, 0.5), ax=ax)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_bbox_patch().get_window_extent(renderer) for t in ax.texts if t.get_label() == "box"]
+    assert len(boxes) == 13
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            assert not a.overlaps(b), (a, b)
+    plt.close(fig)

@@ -188,6 +188,7 @@ def plot_relative_gap(
     strategies: Sequence[str] | None = None,
     predicted: Mapping[str, Sequence[float]] | None = None,
     n_se: float = 2.0,
+    ylim: tuple[float, float] | None = None,
 ):
     """Relative gap ``(finite - gaussian) / gaussian`` of the excess loss against ``N``.
 
@@ -196,11 +197,16 @@ def plot_relative_gap(
         predicted: optional ``{strategy: gaps}`` (one value per ``N``, in increasing ``N``),
             drawn as thin dotted lines in the strategy's colour.
         n_se: error bars of ``n_se`` standard errors (see :func:`fvlib.stats.relative_gap`).
+        ylim: optional ``(low, high)`` of the axis. A gap outside it is drawn at the edge as a
+            triangle pointing out of the frame, labelled with its value, and without its error
+            bar, so no line leaves the frame; error bars of the points inside are clipped.
     Returns:
         ``{strategy: ErrorbarContainer}``.
     """
     n_values, names = _check_sweep(results)
     names = list(strategies) if strategies is not None else names
+    if ylim is not None and not ylim[0] < ylim[1]:
+        raise ValueError(f"ylim must be (low, high) with low < high, got {ylim!r}")
     if ax is None:
         _, ax = plt.subplots(figsize=(5.5, 3.0))
     markers = "osD^v"
@@ -208,10 +214,24 @@ def plot_relative_gap(
     for i, name in enumerate(names):
         color, marker = _SERIES[i % len(_SERIES)], markers[i % len(markers)]
         gaps = [relative_gap(results["finite"][n][name], results["gaussian"][n][name]) for n in n_values]
+        y = np.array([g for g, _ in gaps], dtype=float)
+        err = np.array([n_se * s for _, s in gaps], dtype=float)
+        outside = np.zeros(len(y), dtype=bool)
+        if ylim is not None:
+            outside = (y < ylim[0]) | (y > ylim[1])
+            err = np.where(outside, 0.0, err)
+            y_shown = np.clip(y, *ylim)
+        else:
+            y_shown = y
         drawn[name] = ax.errorbar(
-            n_values, [g for g, _ in gaps], yerr=[n_se * s for _, s in gaps], fmt=marker + "-",
+            n_values, y_shown, yerr=err, fmt=marker + "-",
             color=color, ms=5, capsize=2, lw=1.4, label=STRATEGY_LABELS.get(name, name),
         )
+        for n, value, shown in zip(np.asarray(n_values)[outside], y[outside], y_shown[outside]):
+            up = value > 0
+            ax.plot([n], [shown], marker="^" if up else "v", color=color, ms=9, clip_on=False, zorder=4)
+            ax.annotate(f"{value:+.0%}", (n, shown), xytext=(-4, -11 if up else 5), textcoords="offset points",
+                        ha="right", fontsize=8, color=color)
         if predicted is not None and name in predicted:
             ax.plot(n_values, predicted[name], ":", color=color, lw=2, label=f"{STRATEGY_LABELS.get(name, name)}, predicted")
     ax.axhline(0.0, color="0.4", lw=0.8)
@@ -220,7 +240,9 @@ def plot_relative_gap(
     ax.set_xticklabels([str(n) for n in n_values])
     ax.set_xlabel("context length N")
     ax.set_ylabel("(finite - Gaussian) / Gaussian")
-    ax.legend(fontsize=7, frameon=False)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    ax.legend(fontsize=8, frameon=False)
     return drawn
 
 

@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import LogNorm
 
-from .style import OKABE_ITO
+from .style import OKABE_ITO, STRATEGY_LABELS
 
 __all__ = [
     "plot_decay",
@@ -87,15 +87,21 @@ def plot_decay_panels(series, axes=None, *, xlabel: str = "budget $M$ (= layers 
         ax.set_ylabel(ylabel)
         ax.set_title("semilog axes: exponentials are straight" if kind == "semilog"
                      else "log-log axes: power laws are straight", fontsize=10)
-    axes[0].legend(fontsize=8, frameon=False)
+    axes[0].legend(fontsize=9, frameon=False)
     return axes
 
 
 _QUANTITIES = {
     "ratio": None,  # label from the baseline's name
-    "best_lower": "best noise-free coordinate set (noise-free loss) / adaptive_greedy",
-    "best_upper": "better of the two fixed coordinate sets / adaptive_greedy",
+    "best_lower": "best noise-free coordinate set\n(noise-free loss)",
+    "best_upper": "better of the two fixed\ncoordinate sets",
 }
+
+
+def _ratio_label(numerator: str) -> str:
+    """Colour-bar label of a loss ratio over the adaptive greedy loss, in the strategies' legend
+    words (:data:`fvlib.plots.style.STRATEGY_LABELS`), one line per term."""
+    return f"loss of {numerator}\n/ loss of {STRATEGY_LABELS['adaptive_greedy']}"
 
 
 def plot_advantage_heatmap(grid, ax=None, *, annotate: bool = True, noisefree_column=None,
@@ -141,8 +147,9 @@ def plot_advantage_heatmap(grid, ax=None, *, annotate: bool = True, noisefree_co
                 v = values[i, j]
                 ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=8,
                         color="white" if v < mid else "black")
-    label = _QUANTITIES[quantity] or f"{grid.baseline_name} / adaptive_greedy"
-    cbar = ax.figure.colorbar(im, ax=ax, label=label)
+    numerator = _QUANTITIES[quantity] or STRATEGY_LABELS.get(grid.baseline_name, grid.baseline_name)
+    cbar = ax.figure.colorbar(im, ax=ax)
+    cbar.set_label(_ratio_label(numerator), fontsize=9)
     ticks = [t for t in (0.01, 0.03, 0.1, 0.2, 0.3, 0.5, 0.7, 1, 1.5, 2, 3, 5, 10, 20, 30, 50, 100, 200, 500, 1000)
              if norm.vmin <= t <= norm.vmax]
     cbar.minorticks_off()

@@ -12,11 +12,19 @@ pyplot (no global state, safe from the explorers' background threads); pass
   LMMSE strategies over budgets, from a :class:`fvlib.experiments.DecaySweep` (chapter 6);
 * :func:`plot_training_run` -- a run's evaluation loss against its theory baseline (chapter 8);
 * :func:`plot_patching_cell` -- the key-patching heatmap with one cell outlined, its row for the
-  model and the theory, and what that patch does to each level of the prediction (chapter 10).
+  model and the theory, and what that patch does to each level of the prediction (chapter 10);
+* :func:`plot_dp_policy_state` -- the optimal two-layer DP policy at one noise level beside
+  the values of the optimal, greedy and non-adaptive policies (chapter 4);
+* :func:`plot_layer_split_state` -- a budget split into layers: tree against Gaussian twin
+  over the number of layers and over the budget (chapter 5).
+
+The last two draw a state of :func:`fvlib.experiments.dp_policy_state` or
+:func:`fvlib.experiments.layer_split_state` (a dict of plain numbers).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -24,10 +32,11 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from ..patching import patching_ratio
+from ..priors import TreePrior
 from .decay import plot_decay
 from .interventions import plot_patching_heatmap
 from .style import MODEL_COLORS, OKABE_ITO, STRATEGY_LABELS
-from .trees import draw_tree_prior
+from .trees import draw_policy_tree, draw_tree_prior
 
 __all__ = [
     "STRATEGY_COLORS",
@@ -35,6 +44,9 @@ __all__ = [
     "plot_strategy_curves",
     "plot_training_run",
     "plot_patching_cell",
+    "policy_from_state",
+    "plot_dp_policy_state",
+    "plot_layer_split_state",
 ]
 
 #: Colours of the strategies in :func:`plot_strategy_curves` (those of models A, B, C).
@@ -173,5 +185,79 @@ def plot_patching_cell(sweeps: Mapping, effect, figure=None) -> Figure:
     ax_level.set_ylabel("overlap of the prediction")
     ax_level.set_title(f"patch (m = {split_level}, l = {layer}), level by level", fontsize=11)
     ax_level.legend(fontsize=9, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    figure.tight_layout()
+    return figure
+
+
+#: Colours of the policies in :func:`plot_dp_policy_state` (those of chapter 4's figures).
+POLICY_COLORS = {"optimal": OKABE_ITO["vermillion"], "greedy": OKABE_ITO["blue"],
+                 "nonadaptive": OKABE_ITO["green"]}
+
+
+def policy_from_state(state: Mapping) -> dict:
+    """The nested policy dict of :func:`fvlib.theory.dp.dp_policy_tree` rebuilt from a
+    :func:`fvlib.experiments.dp_policy_state` (``None`` interval ends are infinite)."""
+    b = state["branches"]
+    branches = [{"phi_range": (-math.inf if lo is None else lo, math.inf if hi is None else hi),
+                 "node": n, "value": v, "branches": []}
+                for lo, hi, n, v in zip(b["lo"], b["hi"], b["node"], b["value"])]
+    return {"node": state["first_node"], "value": state["first_value"], "branches": branches}
+
+
+def plot_dp_policy_state(state: Mapping, figure=None) -> Figure:
+    """Left: the optimal policy of a :func:`fvlib.experiments.dp_policy_state` as a decision
+    tree (:func:`fvlib.plots.trees.draw_policy_tree`), with the prior probability of every
+    branch. Right: the expected final risks of the optimal, greedy and non-adaptive policies."""
+    figure = _figure(figure, (10.0, 3.8))
+    left, right = figure.subplots(1, 2, gridspec_kw={"width_ratios": [2.3, 1]})
+    tree = TreePrior(state["depth"], state["alpha"])
+    draw_policy_tree(policy_from_state(state), tree, ax=left, legend=False)
+    boxes = [t for t in left.texts if t.get_label() == "box"][1:]
+    for box, p in zip(boxes, state["branches"]["prob"]):
+        box.set_text(box.get_text() + f"\nP = {p:.3f}")
+    left.set_title(f"optimal policy, tau = {state['tau']:g}, L = {state['layers']} "
+                   "(P: probability of the branch)", fontsize=10)
+    names = ["optimal", "greedy", "nonadaptive"]
+    values = [state["values"][n] for n in names]
+    right.bar(range(3), values, color=[POLICY_COLORS[n] for n in names])
+    for i, v in enumerate(values):
+        right.text(i, v, f"{v:.3f}", ha="center", va="bottom", fontsize=8.5)
+    right.set_xticks(range(3), ["optimal", "greedy", "non-\nadaptive"], fontsize=9)
+    right.set_ylabel("expected final risk")
+    right.set_ylim(0, 1.15 * max(values))
+    right.set_title(f"optimal / greedy = {state['ratio']:.3f}", fontsize=10)
+    figure.tight_layout()
+    return figure
+
+
+def plot_layer_split_state(state: Mapping, figure=None) -> Figure:
+    """A :func:`fvlib.experiments.layer_split_state`: left, the loss of ``M`` measurements
+    against the number of layers ``L`` for the tree and the Gaussian twin (the chosen ``L``
+    marked); right, the loss against the budget at the chosen ``L``."""
+    figure = _figure(figure, (10.0, 3.6))
+    left, right = figure.subplots(1, 2)
+    tree_c, gauss_c = OKABE_ITO["vermillion"], OKABE_ITO["blue"]
+    L, M = state["layers"], state["budget"]
+    left.plot(state["layer_axis"], state["tree_by_layers"], "o-", ms=4, color=tree_c, label="tree (adaptive)")
+    left.plot(state["layer_axis"], [state["gaussian_loss"]] * len(state["layer_axis"]), "s--", ms=3.5,
+              color=gauss_c, label="Gaussian twin")
+    left.plot([L], [state["tree_loss"]], "o", ms=10, mfc="none", mec="black", label=f"L = {L}")
+    left.set_xlabel(f"layers L (budget M = {M} split evenly)")
+    left.set_ylabel("excess loss (no noise)")
+    left.legend(fontsize=8.5, frameon=False)
+    right.plot(state["budget_axis"], state["tree_by_budget"], "o-", ms=4, color=tree_c,
+               label=f"tree, L = {L}")
+    right.plot(state["budget_axis"], state["gaussian_by_budget"], "s--", ms=3.5, color=gauss_c,
+               label="Gaussian twin, any L")
+    right.plot([M], [state["tree_loss"]], "o", ms=10, mfc="none", mec="black", label=f"M = {M}")
+    right.set_xlabel("budget M")
+    right.legend(fontsize=8.5, frameon=False)
+    top = 1.05 * max(max(state["gaussian_by_budget"]), max(state["tree_by_budget"]))
+    for ax in (left, right):
+        ax.set_ylim(-0.02 * top, top)
+        ax.grid(alpha=0.3)
+    sizes = state["layer_sizes"]
+    shown = ", ".join(map(str, sizes[:8])) + (", ..." if len(sizes) > 8 else "")
+    figure.suptitle(f"K = {state['depth']}, alpha = {state['alpha']:g}; layer sizes {shown}", fontsize=10)
     figure.tight_layout()
     return figure

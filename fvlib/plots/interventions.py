@@ -128,25 +128,58 @@ def prefix_index(signs, length: int) -> np.ndarray:
 def plot_workspace_projections(projections, signs, axes=None, seed: int = 0, size: float = 2.6):
     """One scatter panel per layer: the workspace ``Phi_l`` projected on its top principal
     directions, each context coloured by its path prefix ``(s_0..s_{l-1})`` (``2^l`` colours of
-    the ``viridis`` map, adjacent colours = neighbouring subtrees). A one-dimensional
-    workspace (``l d = 1``) is drawn against a small random jitter. Returns ``(fig, axes)``."""
+    the ``viridis`` map in leaf order, so adjacent colours are neighbouring subtrees). A
+    one-dimensional workspace (``l d = 1``) is drawn against a small random jitter.
+
+    The key to the colours: the panels with at most four prefixes carry a legend of their
+    prefixes (e.g. ``(-, +)``), and one colour bar for all panels runs from the all-minus prefix
+    (left subtree) to the all-plus one. Without ``axes`` the panels are laid out in rows of at
+    most three (``size`` inches each). Returns ``(fig, axes)`` with one axes per layer."""
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+    from matplotlib.lines import Line2D
+
     L = len(projections)
+    spare = None
     if axes is None:
-        fig, axes = plt.subplots(1, L, figsize=(size * L, size + 0.4), constrained_layout=True)
+        ncols = min(L, 3)
+        nrows = -(-L // ncols)
+        fig, grid = plt.subplots(nrows, ncols, figsize=(size * ncols + 0.6, (size + 0.5) * nrows),
+                                 constrained_layout=True, squeeze=False)
+        for ax in grid.flat[L:]:
+            ax.axis("off")
+        spare = grid.flat[L] if grid.size > L else None
+        axes = grid.flat[:L]
     axes = np.atleast_1d(axes)
     fig = axes[0].figure
     rng = np.random.default_rng(seed)
+    cmap = plt.get_cmap("viridis")
     for l, (proj, ax) in enumerate(zip(projections, axes), start=1):
         coords = proj["coords"]
         colour = prefix_index(signs, l)
         y = coords[:, 1] if coords.shape[1] > 1 else rng.uniform(-1, 1, len(coords))
-        ax.scatter(coords[:, 0], y, c=colour, cmap="viridis", vmin=0, vmax=2**l - 1, s=4, alpha=0.6,
+        ax.scatter(coords[:, 0], y, c=colour, cmap=cmap, vmin=0, vmax=2**l - 1, s=5, alpha=0.6,
                    linewidths=0)
         share = proj["explained"]
-        ax.set_title(f"$\\Phi_{{{l}}}$: {2**l} prefixes", fontsize=9)
-        ax.set_xlabel(f"PC1 ({share[0]:.0%})", fontsize=8)
-        ax.set_ylabel(f"PC2 ({share[1]:.0%})" if coords.shape[1] > 1 else "jitter", fontsize=8)
-        ax.tick_params(labelsize=7)
+        ax.set_title(f"$\\Phi_{{{l}}}$: {2**l} prefixes", fontsize=10)
+        ax.set_xlabel(f"PC1 ({share[0]:.0%})", fontsize=9)
+        ax.set_ylabel(f"PC2 ({share[1]:.0%})" if coords.shape[1] > 1 else "jitter", fontsize=9)
+        ax.tick_params(labelsize=8)
+        if 2**l <= 4:
+            handles = [Line2D([], [], ls="", marker="o", ms=5, color=cmap(i / max(2**l - 1, 1)),
+                              label="(" + ", ".join("+" if (i >> (l - 1 - k)) & 1 else "-"
+                                                    for k in range(l)) + ")")
+                       for i in range(2**l)]
+            ax.legend(handles=handles, fontsize=8, frameon=True, framealpha=0.8, loc="best",
+                      title="$(s_0, \\dots)$" if l > 1 else "$s_0$", title_fontsize=8,
+                      handletextpad=0.2, borderpad=0.3, labelspacing=0.2)
+    mappable = ScalarMappable(Normalize(0, 1), cmap)
+    if spare is not None:  # the empty cell of the grid holds the colour bar
+        bar = fig.colorbar(mappable, cax=spare.inset_axes([0.1, 0.1, 0.08, 0.8]), ticks=[0, 1])
+    else:
+        bar = fig.colorbar(mappable, ax=list(axes), shrink=0.8, aspect=30, ticks=[0, 1])
+    bar.ax.set_yticklabels(["(-, ..., -)", "(+, ..., +)"], fontsize=8)
+    bar.set_label("path prefix, in leaf order", fontsize=9)
     return fig, axes
 
 

@@ -198,7 +198,7 @@ def draw_policy_tree(policy: dict, tree=None, ax=None, *, digits: int = 2, risk_
                      title: str | None = None, legend: bool = True):
     """Draw a DP policy (the nested dict of :func:`fvlib.theory.dp.dp_policy_tree`) as a decision tree.
 
-    Every box is one measurement: ``measure n`` with the node's level (when ``tree`` is given)
+    Every box is one measurement: ``measure n``, the node's level (when ``tree`` is given)
     and the expected final risk from that point on (``sub["value"]``; ``dp_policy_tree``
     evaluates it at the middle grid point of the interval that leads to the box). Measurement ``l`` sits
     on row ``l``; the edges below a box are labelled with the interval of that box's
@@ -214,6 +214,9 @@ def draw_policy_tree(policy: dict, tree=None, ax=None, *, digits: int = 2, risk_
         title: optional axes title.
         legend: add a legend for the two box colours.
 
+    The font sizes follow the width each leaf of the policy gets on the axes (between 5 and
+    9 points), so boxes and edge labels do not overlap; give a wide figure for a bushy policy.
+
     Returns:
         The axes. The boxes are the axes' texts whose label is ``"box"``; the edge labels have
         label ``"edge"`` (handy for tests and for restyling).
@@ -221,9 +224,16 @@ def draw_policy_tree(policy: dict, tree=None, ax=None, *, digits: int = 2, risk_
     _check_policy(policy)
     records, n_leaves = _layout(policy)
     depth = max(r["depth"] for r in records) + 1
-    ax = _new_axes(ax, (max(4.5, 2.1 * n_leaves), 1.9 * depth + 0.4))
+    ax = _new_axes(ax, (max(4.5, 1.5 * n_leaves), 1.9 * depth + 0.4))
     colours = {False: OKABE_ITO["sky"], True: OKABE_ITO["orange"]}
     fmt = f"{{:.{risk_digits}f}}"
+    # Font sizes from the room each leaf has on the axes (in points), so that neighbouring boxes
+    # and edge labels never overlap however many leaves the policy has: a box line holds at most
+    # 12 characters ("E risk 0.123"), an edge label about 16.
+    fig_w, _ = ax.figure.get_size_inches()
+    per_leaf = fig_w * ax.get_position().width * 72 / max(n_leaves, 1)
+    box_size = max(5.0, min(9.0, 0.85 * per_leaf / (0.62 * 12 + 1.2)))
+    edge_size = max(5.0, min(8.5, 0.9 * per_leaf / (0.55 * 16)))
     for rec in records:
         x, y = rec["x"], -float(rec["depth"])
         if rec["parent"] is not None:
@@ -233,16 +243,17 @@ def draw_policy_tree(policy: dict, tree=None, ax=None, *, digits: int = 2, risk_
             # with many siblings, stagger the labels along the edges so that they do not collide
             n_siblings = len(rec["parent"]["sub"]["branches"])
             frac = 0.55 if n_siblings <= 3 else (0.42, 0.72)[rec["index"] % 2]
-            ax.text(px + frac * (x - px), py + frac * (y - py), label, ha="center", va="center", fontsize=8.5,
-                    bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.9), zorder=2, label="edge")
+            ax.text(px + frac * (x - px), py + frac * (y - py), label, ha="center", va="center",
+                    fontsize=edge_size, zorder=2, label="edge",
+                    bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.9))
         node = int(rec["sub"]["node"])
         lines = [f"measure {node}"]
         if tree is not None:
-            lines[0] += f" (level {int(tree.node_levels[node])})"
+            lines.append(f"level {int(tree.node_levels[node])}")
         risk = float(rec["sub"]["value"])
         lines.append("E risk " + fmt.format(max(risk, 0.0)))
-        ax.text(x, y, "\n".join(lines), ha="center", va="center", fontsize=9, zorder=3, label="box",
-                bbox=dict(boxstyle="round,pad=0.35", fc=colours[rec["again"]], ec="0.25", lw=1))
+        ax.text(x, y, "\n".join(lines), ha="center", va="center", fontsize=box_size, zorder=3, label="box",
+                bbox=dict(boxstyle="round,pad=0.3", fc=colours[rec["again"]], ec="0.25", lw=1))
     ax.set_xlim(-0.7, n_leaves - 0.3)
     ax.set_ylim(-depth + 0.5, 0.5)
     ax.axis("off")
@@ -251,5 +262,5 @@ def draw_policy_tree(policy: dict, tree=None, ax=None, *, digits: int = 2, risk_
     if legend:
         handles = [Patch(fc=colours[False], ec="0.25", label="first measurement of this node"),
                    Patch(fc=colours[True], ec="0.25", label="re-measures a node")]
-        ax.legend(handles=handles, loc="lower left", fontsize=8, frameon=False, bbox_to_anchor=(0.0, -0.08))
+        ax.legend(handles=handles, loc="upper left", fontsize=8.5, frameon=False, bbox_to_anchor=(0.0, 1.0))
     return ax

@@ -26,6 +26,7 @@ from .closed_forms import (
     gaussian_posterior,
     gaussian_posterior_cov,
     noisefree_adaptive_loss,
+    noisefree_layered_loss,
     noisefree_nodes_loss,
     noisefree_nonadaptive_loss,
     twin_finite_n_loss,

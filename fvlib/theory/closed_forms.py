@@ -19,6 +19,7 @@ __all__ = [
     "noisefree_adaptive_loss",
     "noisefree_nonadaptive_loss",
     "noisefree_nodes_loss",
+    "noisefree_layered_loss",
     "best_fixed_nodes",
     "gaussian_coordinate_loss",
     "gaussian_posterior",
@@ -300,3 +301,37 @@ def twin_finite_n_loss(variances, budget: int, n_ctx: int, tau2: float) -> float
     v = torch.sort(torch.as_tensor(variances, dtype=torch.float64).flatten(), descending=True).values
     m, rest = v[:budget], v[budget:]
     return float(rest.sum() + (m * (tau2 + m / n_ctx) / (m * (1 + 1 / n_ctx) + tau2)).sum())
+
+
+def noisefree_layered_loss(tree: TreePrior, layer_sizes) -> float:
+    """Adaptive, no channel noise, ``d_l`` coordinate measurements in layer ``l``.
+
+    Policy: layer ``l`` measures, in one non-adaptive batch, the first ``d_l`` nodes in
+    breadth-first order of the subtree whose root is the next unresolved node of the path (its
+    position is known once its parent has been measured). With ``d = 2^j - 1 + r``
+    (``0 <= r < 2^j``) the batch resolves ``j`` levels for certain and one more with
+    probability ``r / 2^j`` (the path's node is uniform among the ``2^j`` nodes of that row).
+    Unresolved levels keep their prior energy, so the loss is ``E sum_{k >= k_L} alpha^k``
+    over the distribution of the resolved depth ``k_L`` after the last layer.
+
+    One node per layer gives :func:`noisefree_adaptive_loss`; one layer of ``M`` nodes gives
+    :func:`noisefree_nonadaptive_loss`, which is also the loss of the Gaussian twin measured
+    on its ``M`` largest variances without noise, whatever the split into layers. Layers of
+    size 0 measure nothing. ``layer_sizes`` is a sequence of non-negative ints.
+    """
+    _check_tree(tree)
+    sizes = [check_int(f"layer_sizes[{i}]", d, 0) for i, d in enumerate(layer_sizes)]
+    K = tree.depth
+    tails = [sum(tree.alpha**k for k in range(start, K)) for start in range(K + 1)]
+    resolved = {0: 1.0}  # resolved depth -> probability
+    for d in sizes:
+        nxt: dict[int, float] = {}
+        j = (d + 1).bit_length() - 1  # largest j with 2^j - 1 <= d
+        hit = (d - (2**j - 1)) / 2**j
+        for k, p in resolved.items():
+            for k_new, q in ((k + j + 1, hit), (k + j, 1.0 - hit)):
+                if q > 0:
+                    k_new = min(k_new, K)
+                    nxt[k_new] = nxt.get(k_new, 0.0) + p * q
+        resolved = nxt
+    return float(sum(p * tails[k] for k, p in resolved.items()))
