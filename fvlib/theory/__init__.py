@@ -6,6 +6,9 @@ Submodules, in layers from the bottom up; a submodule imports only from the laye
     channel, closed_forms, posteriors, decoders, fits
         how measurements are observed; closed forms; exact Bayes posteriors and the greedy
         rule (a function of the belief); nonlinear decoders of the finite-N statistic; fits
+    adaptive_opt
+        the optimised adaptive policy: directions W_l(Phi_{l-1}) learned through the exact
+        posterior, kept only where they beat greedy and the optimised non-adaptive directions
     strategies, dp
         greedy, non-adaptive, LMMSE and optimised directions with their Monte Carlo losses;
         dynamic programming over coordinate actions (re-measuring allowed, or not)
