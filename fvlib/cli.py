@@ -136,7 +136,8 @@ def _run_theory(args) -> dict:
     if args.dp and args.depth > 3:
         raise CliError(f"--dp needs --depth <= 3, got {args.depth}")
     res = theory_baselines(
-        tree, args.n_ctx, args.noise_std, args.budget, samples=args.samples, seed=args.seed, optimised=args.optimised, dp=args.dp
+        tree, args.n_ctx, args.noise_std, args.budget, samples=args.samples, seed=args.seed, optimised=args.optimised, dp=args.dp,
+        adaptive_opt=args.optimised,
     )
     keys = list(THEORY_KEYS) + [k for k in ("nonadaptive_opt", "adaptive_opt", "dp_optimal", "dp_no_repeat") if k in res]
     out = {k: res[k] for k in keys}

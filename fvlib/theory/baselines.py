@@ -36,21 +36,24 @@ def theory_baselines(
     optimised: bool = False,
     dp: bool = False,
     best_coord: bool = False,
+    adaptive_opt: bool = False,
 ) -> dict[str, float]:
     """All baselines of the CLI's ``theory`` command as plain floats (the book's appendix *Conventions*, section
     "The command line").
 
     Keys: ``tau2``, ``adaptive_greedy``, ``nonadaptive_coord`` (heap order), ``lmmse``,
     ``gaussian_twin``, ``noisefree_adaptive``, ``noisefree_nonadaptive`` (heap order);
-    ``*_stderr`` for the Monte Carlo ones, ``samples``; plus ``nonadaptive_opt`` and
-    ``adaptive_opt`` (the optimised adaptive policy of :mod:`fvlib.theory.adaptive_opt`) when
-    ``optimised``, ``dp_optimal`` (Gaussian channel with the same ``tau``, fresh noise, ``K <= 3``)
+    ``*_stderr`` for the Monte Carlo ones, ``samples``; plus ``nonadaptive_opt`` when
+    ``optimised``, ``adaptive_opt`` (the optimised adaptive policy of
+    :mod:`fvlib.theory.adaptive_opt`, started from the same optimised directions; it costs
+    tens of seconds at ``K = 6``) when ``adaptive_opt``, ``dp_optimal`` (Gaussian channel with the same ``tau``, fresh noise, ``K <= 3``)
     and ``dp_no_repeat`` (the same DP when no node may be measured twice) when ``dp``, and ``nonadaptive_best_coord`` with ``noisefree_best_coord`` (the set of
     :func:`~fvlib.theory.closed_forms.best_fixed_nodes` and its exact noise-free loss) when ``best_coord``.
     The extra strategies are evaluated after the others, so they change none of their numbers.
     """
     tau2 = channel_tau2(tree, n_ctx, noise_std)
-    names = ("adaptive_greedy", "nonadaptive_coord", "lmmse") + (("nonadaptive_opt", "adaptive_opt") if optimised else ())
+    names = ("adaptive_greedy", "nonadaptive_coord", "lmmse") + (("nonadaptive_opt",) if optimised else ())
+    names += ("adaptive_opt",) if adaptive_opt else ()
     names += ("nonadaptive_best_coord",) if best_coord else ()
     best = best_fixed_nodes(tree, budget) if best_coord else None
     est = evaluate_strategies(tree, n_ctx, noise_std, budget, samples=samples, seed=seed, strategies=names,
