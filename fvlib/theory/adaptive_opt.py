@@ -214,7 +214,7 @@ class OptimisedPolicy:
 
     ``policy``: the kept policy (its ``kind`` says which: ``"learned"``, ``"greedy"`` or
     ``"nonadaptive_opt"``); ``learned``: the trained :class:`AdaptivePolicy` (kept or not);
-    ``validation``: ``{kind: validation loss}`` of the three candidates on the same held-out
+    ``validation``: ``{kind: validation loss}`` of the candidates (three; two at ``M = 1``) on the same held-out
     contexts; ``seconds``: wall time of the optimisation (not counting the rows it starts from).
     """
 
@@ -257,7 +257,8 @@ def optimise_adaptive_policy(
     of the Gaussian channel ``g ~ N(theta, tau2 I)``; trains an :class:`AdaptivePolicy` started
     at the better of the two (``greedy_start``, or ``base = directions``) by Adam on the exact
     Bayes risk, ``steps`` steps of ``batch`` fresh contexts; scores it on the same validation
-    contexts and keeps the best of the three. Seeded: the same
+    contexts and keeps the best of the three (with ``budget = 1`` there is no workspace to adapt
+    to: no training, the better of the two is kept). Seeded: the same
     arguments give the same policy on CPU.
     """
     check_int("budget", budget, 1, tree.dim)
@@ -285,6 +286,9 @@ def optimise_adaptive_policy(
                                  init_rows=None if greedy_start else directions)
     gen = torch.Generator().manual_seed(seed + 17)
     opt = torch.optim.Adam(learned.parameters(), lr=lr)
+    if budget == 1:  # one layer has no workspace to adapt to: the class is the fixed rows
+        kind = min(scores, key=scores.get)
+        return OptimisedPolicy(candidates[kind], kind, learned, scores, time.perf_counter() - start)
     for _ in range(steps):
         theta, chan = _gaussian_statistic(tree, batch, tau2, gen)
         loss = squared_error(policy_rollout(tree, learned, chan, budget, tau2).theta_hat, theta).mean()
