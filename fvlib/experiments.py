@@ -429,7 +429,7 @@ def router_bayes_decode(model, tree: TreePrior, batch) -> dict:
     On the contexts of ``batch`` (a :class:`fvlib.task.TaskBatch` from ``tree``): the model's
     own ``theta_hat``, and the exact posterior mean given the readings ``phi = W g_hat`` of the
     rows ``W`` its router chose in that context (:func:`router_directions`; decoded by
-    :func:`fvlib.theory.policy_rollout` with those rows forced, channel variance
+    :func:`fvlib.theory.adaptive_opt.policy_rollout` with those rows forced, channel variance
     ``tau^2 = (E|theta|^2 + sigma^2) / N``). The readings are the model's own workspace: the
     function checks this. Returns ``{"model": (mean, stderr), "router_bayes": (mean, stderr),
     "contexts": B}`` of the excess loss ``|theta_hat - theta|^2``.
@@ -460,7 +460,7 @@ def gap_table(model, config: TrainConfig, *, contexts: int = 4000, seed: int = 0
     """How close a trained model A comes to the best adaptive references, one dict of rows.
 
     Rows (``(mean, stderr)`` of the excess loss): ``adaptive_greedy``, ``nonadaptive_opt`` and
-    ``adaptive_opt`` (:func:`fvlib.theory.evaluate_strategies` on ``contexts`` finite-``N``
+    ``adaptive_opt`` (:func:`fvlib.theory.strategies.evaluate_strategies` on ``contexts`` finite-``N``
     contexts, ``seed``), ``model`` and ``router_bayes`` (:func:`router_bayes_decode` on
     ``contexts`` task contexts drawn with ``seed``). ``policy``: an optimised adaptive policy
     to reuse. Also ``adaptive_opt_kind`` (which candidate the optimisation kept) and
