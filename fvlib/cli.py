@@ -82,8 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     theory = sub.add_parser("theory", help="theory baselines for one configuration")
     _add_task_args(theory, ["tree"])
     theory.add_argument("--samples", type=_positive_int("--samples"), default=4000, help="Monte Carlo contexts")
-    theory.add_argument("--optimised", action="store_true", help="also optimise general non-adaptive directions")
-    theory.add_argument("--dp", action="store_true", help="also the DP-optimal policy (depth <= 3)")
+    theory.add_argument("--optimised", action="store_true", help="also optimise general non-adaptive directions and the adaptive policy")
+    theory.add_argument("--dp", action="store_true", help="also the DP-optimal policy, with and without re-measuring (depth <= 3)")
     theory.add_argument("--stderr", action="store_true", help="add Monte Carlo standard errors to the JSON")
     theory.set_defaults(handler=_run_theory)
 
@@ -136,9 +136,10 @@ def _run_theory(args) -> dict:
     if args.dp and args.depth > 3:
         raise CliError(f"--dp needs --depth <= 3, got {args.depth}")
     res = theory_baselines(
-        tree, args.n_ctx, args.noise_std, args.budget, samples=args.samples, seed=args.seed, optimised=args.optimised, dp=args.dp
+        tree, args.n_ctx, args.noise_std, args.budget, samples=args.samples, seed=args.seed, optimised=args.optimised, dp=args.dp,
+        adaptive_opt=args.optimised,
     )
-    keys = list(THEORY_KEYS) + [k for k in ("nonadaptive_opt", "dp_optimal") if k in res]
+    keys = list(THEORY_KEYS) + [k for k in ("nonadaptive_opt", "adaptive_opt", "dp_optimal", "dp_no_repeat") if k in res]
     out = {k: res[k] for k in keys}
     if args.stderr:
         out["stderr"] = {k[: -len("_stderr")]: v for k, v in res.items() if k.endswith("_stderr")}

@@ -41,11 +41,19 @@ the control grid (:data:`DP_POLICY_GRID`, :data:`LAYER_SPLIT_GRID`) ahead of tim
   noise ``tau`` (exact quadrature);
 * :func:`layer_split_state` -- a budget ``M`` split into ``L`` layers: the noise-free tree loss
   against the Gaussian twin's (closed forms); :func:`split_budget` is the split.
+
+Which half of model A falls short (chapter 8, *Experiments*):
+
+* :func:`router_bayes_decode` -- model A's own decoder against the exact posterior given the
+  directions its router used in each context (router + Bayes decoder), on the same contexts;
+* :func:`gap_table` -- those two beside greedy, the optimised non-adaptive directions and the
+  optimised adaptive policy, for one trained run.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -55,13 +63,19 @@ import torch
 from ._checks import check_int, check_number
 from .models import hook_name
 from .priors import GaussianPrior, TreePrior
+from .stats import mean_and_stderr, squared_error
+from .task import make_generator, sample_task
 from .theory import (
+    FiniteSampleChannel,
     best_fixed_nodes,
     channel_tau2,
     dp_policy_tree,
     evaluate_strategies,
     gaussian_coordinate_loss,
     leaf_values_at,
+    optimise_adaptive_policy,
+    optimise_directions,
+    policy_rollout,
     noisefree_adaptive_loss,
     noisefree_layered_loss,
     noisefree_nodes_loss,
@@ -91,6 +105,9 @@ __all__ = [
     "LAYER_SPLIT_DEPTH",
     "split_budget",
     "layer_split_state",
+    "router_directions",
+    "router_bayes_decode",
+    "gap_table",
 ]
 
 
@@ -519,3 +536,94 @@ def layer_split_state(budget: int = 6, layers: int = 2, alpha: float = 0.5) -> d
             "layer_axis": layer_axis, "tree_by_layers": [tree_loss(budget, n) for n in layer_axis],
             "budget_axis": budget_axis, "tree_by_budget": [tree_loss(m, layers) for m in budget_axis],
             "gaussian_by_budget": [gauss_loss(m) for m in budget_axis]}
+
+
+# Which half of model A falls short (chapter 8)
+# ----------------------------------------------------------------------------------------
+def router_directions(model, batch) -> torch.Tensor:
+    """The measurement rows a gated-router model used in each context, ``(B, L d, D)`` float64.
+
+    Row ``(l - 1) d + c`` is channel ``c`` of ``G_l(Phi_{l-1})``: the model's
+    ``phi_l = (1/N) sum_i y_i G_l x_i = G_l g_hat`` with ``g_hat`` the context's statistic.
+    """
+    if model.config.router != "gated":
+        raise ValueError(f"router_directions needs a gated router, got {model.config.router!r}")
+    with torch.no_grad():
+        _, cache = model.run_with_cache(batch, names_filter=hook_name("workspace", "*"))
+        rows = []
+        for l in range(1, model.config.n_layers + 1):
+            previous = cache[hook_name("workspace", l - 1)] if l > 1 else batch.x.new_zeros(batch.x.shape[0], 0)
+            rows.append(model.block(l).router.matrix(previous.to(batch.x.dtype)).double().cpu())
+    return torch.cat(rows, dim=1)
+
+
+def router_bayes_decode(model, tree: TreePrior, batch) -> dict:
+    """Model A's decoder against the exact posterior given its router's directions.
+
+    On the contexts of ``batch`` (a :class:`fvlib.task.TaskBatch` from ``tree``): the model's
+    own ``theta_hat``, and the exact posterior mean given the readings ``phi = W g_hat`` of the
+    rows ``W`` its router chose in that context (:func:`router_directions`; decoded by
+    :func:`fvlib.theory.adaptive_opt.policy_rollout` with those rows forced, channel variance
+    ``tau^2 = (E|theta|^2 + sigma^2) / N``). The readings are the model's own workspace: the
+    function checks this. Returns ``{"model": (mean, stderr), "router_bayes": (mean, stderr),
+    "contexts": B}`` of the excess loss ``|theta_hat - theta|^2``.
+    """
+    rows = router_directions(model, batch)
+    cpu = batch.to("cpu", torch.float64)
+    g_hat = cpu.sufficient_statistic()
+    with torch.no_grad():
+        _, cache = model.run_with_cache(batch, names_filter=hook_name("workspace", model.config.n_layers))
+        theta_model = model.predict_theta(batch).double().cpu()
+    workspace = cache[hook_name("workspace", model.config.n_layers)].double().cpu()
+    readings = torch.einsum("bmd,bd->bm", rows, g_hat)
+    scale = workspace.abs().max().clamp_min(1e-12)
+    if not torch.allclose(readings / scale, workspace / scale, atol=1e-3):
+        raise ValueError("the router's rows do not reproduce the model's workspace")
+    tau2 = channel_tau2(tree, batch.n_ctx, batch.noise_std)
+    forced = {s + 1: rows[:, s] for s in range(rows.shape[1])}
+    with torch.no_grad():
+        bayes = policy_rollout(tree, None, FiniteSampleChannel(g_hat), rows.shape[1], tau2, forced).theta_hat
+    out = {"contexts": batch.batch_size}
+    for name, theta_hat in (("model", theta_model), ("router_bayes", bayes)):
+        mean, stderr = mean_and_stderr(squared_error(theta_hat, cpu.theta))
+        out[name] = (float(mean), float(stderr))
+    return out
+
+
+def gap_table(model, config: TrainConfig, *, contexts: int = 4000, seed: int = 0, policy=None) -> dict:
+    """How close a trained model A comes to the best adaptive references, one dict of rows.
+
+    Rows (``(mean, stderr)`` of the excess loss): ``adaptive_greedy``, ``nonadaptive_opt`` and
+    ``adaptive_opt`` (:func:`fvlib.theory.strategies.evaluate_strategies` on ``contexts`` finite-``N``
+    contexts, ``seed``), ``model`` and ``router_bayes`` (:func:`router_bayes_decode` on
+    ``contexts`` task contexts drawn with ``seed``). ``policy``: an optimised adaptive policy
+    to reuse. Also ``adaptive_opt_kind`` (which candidate the optimisation kept) and
+    ``adaptive_opt_seconds`` (its cost).
+    """
+    if config.prior != "tree":
+        raise ValueError(f"gap_table needs a tree prior, got {config.prior!r}")
+    tree = TreePrior(config.depth, config.alpha)
+    tau2 = channel_tau2(tree, config.n_ctx, config.noise_std)
+    start = time.perf_counter()
+    directions = optimise_directions(tree, config.budget, tau2, seed=seed)
+    if policy is None:
+        policy = optimise_adaptive_policy(tree, config.budget, tau2, directions=directions, seed=seed)
+    seconds = time.perf_counter() - start
+    est = evaluate_strategies(tree, config.n_ctx, config.noise_std, config.budget, samples=contexts, seed=seed,
+                              strategies=("adaptive_greedy", "nonadaptive_opt", "adaptive_opt"),
+                              directions=directions, policy=policy)
+    out = {name: (e.mean, e.stderr) for name, e in est.items()}
+    device = next(model.parameters()).device
+    generator = make_generator(seed)
+    batches = [sample_task(tree, min(512, contexts - i), config.n_ctx, config.noise_std, generator)
+               for i in range(0, contexts, 512)]
+    parts = [router_bayes_decode(model, tree, b.to(device)) for b in batches]
+    n = sum(p["contexts"] for p in parts)
+    for name in ("model", "router_bayes"):
+        mean = sum(p[name][0] * p["contexts"] for p in parts) / n
+        var = sum((p[name][1] ** 2) * p["contexts"] ** 2 for p in parts) / n**2
+        out[name] = (mean, math.sqrt(var))
+    out["adaptive_opt_kind"] = policy.kind
+    out["adaptive_opt_seconds"] = seconds
+    out["contexts"] = contexts
+    return out

@@ -49,7 +49,7 @@ from .models import FVTransformer, hook_name
 from .priors import TreePrior
 from .stats import mean_and_stderr, squared_error
 from .task import TaskBatch, check_task_args, make_generator, sample_task
-from .theory import FiniteSampleChannel, channel_tau2, run_greedy
+from .theory import FiniteSampleChannel, OptimisedPolicy, channel_tau2, policy_rollout, run_greedy
 
 __all__ = [
     "patching_pairs",
@@ -269,8 +269,9 @@ def theory_patching_sweep(
     contexts: int = 2000,
     seed: int = 0,
     chunk: int = DEFAULT_CHUNK,
+    policy=None,
 ) -> PatchingResult:
-    """The key-patching heatmap of the greedy theory policy, on the same pairs as the model's.
+    """The key-patching heatmap of a theory policy (greedy by default), on the same pairs as the model's.
 
     Each layer of the policy measures one node from the context's statistic
     ``g_hat = (1/N) sum_i y_i x_i`` and decodes with the exact posterior. The donor's "keys" at
@@ -279,9 +280,20 @@ def theory_patching_sweep(
     greedy policy. Pairs are drawn exactly as in :func:`key_patching_sweep` with the same
     ``seed``, so the two heatmaps compare the same contexts. ``n_layers`` is the policy's depth
     (the model's ``L``).
+
+    ``policy``: another direction policy instead of greedy, e.g. the optimised adaptive policy
+    (an :class:`~fvlib.theory.adaptive_opt.OptimisedPolicy`, or anything
+    :func:`~fvlib.theory.adaptive_opt.policy_rollout` runs). Its "keys" at layer ``l`` are the
+    direction it measures there: the target measures the donor's layer-``l`` direction and then
+    follows its own policy, decoded exactly.
     """
     check_int("n_layers", n_layers, 1)
-    patcher = _theory_patcher(tree, n_layers, channel_tau2(tree, n_ctx, noise_std), range(1, n_layers + 1))
+    tau2 = channel_tau2(tree, n_ctx, noise_std)
+    layers = range(1, n_layers + 1)
+    if policy is None:
+        patcher = _theory_patcher(tree, n_layers, tau2, layers)
+    else:
+        patcher = _policy_patcher(tree, n_layers, tau2, layers, policy)
     return _run_sweep(tree, n_layers, n_ctx, noise_std, contexts, seed, chunk, patcher)
 
 
@@ -312,6 +324,25 @@ def _theory_patcher(tree: TreePrior, n_layers: int, tau2: float, layers):
             run_greedy(tree, target_chan, n_layers, tau2, forced={l: donor_nodes[:, l - 1]}).theta_hat
             for l in layers
         ]
+        return clean, patched, target, donor
+
+    return run_pair
+
+
+def _policy_patcher(tree: TreePrior, n_layers: int, tau2: float, layers, policy):
+    """The same for any direction policy: "keys" at layer ``l`` are the direction measured there."""
+    rule = policy.policy if isinstance(policy, OptimisedPolicy) else policy
+
+    def run_pair(target, donor):
+        target_chan = FiniteSampleChannel(target.to("cpu", torch.float64).sufficient_statistic())
+        donor_chan = FiniteSampleChannel(donor.to("cpu", torch.float64).sufficient_statistic())
+        with torch.no_grad():
+            donor_rows = policy_rollout(tree, rule, donor_chan, n_layers, tau2).directions
+            clean = policy_rollout(tree, rule, target_chan, n_layers, tau2).theta_hat
+            patched = [
+                policy_rollout(tree, rule, target_chan, n_layers, tau2, forced={l: donor_rows[:, l - 1]}).theta_hat
+                for l in layers
+            ]
         return clean, patched, target, donor
 
     return run_pair

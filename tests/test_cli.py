@@ -27,8 +27,10 @@ def test_theory_optional_keys():
     out = run_cli("theory", "--depth", "3", "--n-ctx", "128", "--budget", "2", "--samples", "300", "--dp", "--optimised", "--stderr", "--json")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
-    assert {"nonadaptive_opt", "dp_optimal", "stderr", "samples"} <= set(result)
+    assert {"nonadaptive_opt", "adaptive_opt", "dp_optimal", "dp_no_repeat", "stderr", "samples"} <= set(result)
+    assert {"adaptive_opt", "nonadaptive_opt"} <= set(result["stderr"])
     assert result["samples"] == 300
+    assert result["dp_optimal"] <= result["dp_no_repeat"] + 1e-9
 
 
 @pytest.mark.parametrize(

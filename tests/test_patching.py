@@ -218,3 +218,17 @@ def test_patch_level_effect_resolves_a_cell_by_level():
 def test_patch_level_effect_rejects_a_bad_layer():
     with pytest.raises(ValueError, match="layer must be an integer in \\[1, 3\\], got 4"):
         patch_level_effect(TreePrior(3, 0.5), 64, 0.0, split_level=1, layer=4, n_layers=3)
+
+
+def test_theory_sweep_of_a_direction_policy_generalises_greedy():
+    """The greedy rule run as a direction policy gives the greedy heatmap on the same pairs."""
+    import numpy as np
+
+    from fvlib import TreePrior
+    from fvlib.patching import theory_patching_sweep
+    from fvlib.theory import GreedyRule
+
+    tree = TreePrior(3, 0.5)
+    ref = theory_patching_sweep(tree, 64, 0.0, n_layers=3, contexts=120, seed=2)
+    ours = theory_patching_sweep(tree, 64, 0.0, n_layers=3, contexts=120, seed=2, policy=GreedyRule(tree))
+    assert np.allclose(np.asarray(ours.loss), np.asarray(ref.loss), rtol=1e-8, atol=1e-10)

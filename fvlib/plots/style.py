@@ -47,4 +47,5 @@ STRATEGY_LABELS = {
     "lmmse": "non-adaptive coordinates (LMMSE)",
     "nonadaptive_opt": "non-adaptive, optimised directions",
     "nonadaptive_best_coord": "non-adaptive, best coordinate set (Bayes)",
+    "adaptive_opt": "adaptive, optimised directions (Bayes)",
 }

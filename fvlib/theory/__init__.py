@@ -6,9 +6,12 @@ Submodules, in layers from the bottom up; a submodule imports only from the laye
     channel, closed_forms, posteriors, decoders, fits
         how measurements are observed; closed forms; exact Bayes posteriors and the greedy
         rule (a function of the belief); nonlinear decoders of the finite-N statistic; fits
+    adaptive_opt
+        the optimised adaptive policy: directions W_l(Phi_{l-1}) learned through the exact
+        posterior, kept only where they beat greedy and the optimised non-adaptive directions
     strategies, dp
         greedy, non-adaptive, LMMSE and optimised directions with their Monte Carlo losses;
-        dynamic programming over coordinate actions
+        dynamic programming over coordinate actions (re-measuring allowed, or not)
     baselines
         the table of all baselines (strategies, closed forms, the DP optimum): the CLI's
         ``theory`` command
@@ -16,6 +19,15 @@ Submodules, in layers from the bottom up; a submodule imports only from the laye
 Every public name of the submodules is importable from ``fvlib.theory``.
 """
 
+from .adaptive_opt import (
+    AdaptivePolicy,
+    FixedRows,
+    GreedyRule,
+    OptimisedPolicy,
+    PolicyRollout,
+    optimise_adaptive_policy,
+    policy_rollout,
+)
 from .baselines import theory_baselines
 from .channel import FiniteSampleChannel, GaussianChannel, sample_statistic
 from .closed_forms import (
@@ -32,7 +44,7 @@ from .closed_forms import (
     twin_finite_n_loss,
 )
 from .decoders import RadialDecoder, fit_radial_decoder
-from .dp import dp_policy_tree, dp_value, greedy_value, optimal_actions, policy_value
+from .dp import dp_no_repeat, dp_policy_tree, dp_value, greedy_value, optimal_actions, policy_value
 from .fits import DecayFit, fit_decay
 from .posteriors import (
     greedy_action,

@@ -19,7 +19,7 @@ from .closed_forms import (
     noisefree_nodes_loss,
     noisefree_nonadaptive_loss,
 )
-from .dp import dp_value
+from .dp import dp_no_repeat, dp_value
 from .strategies import evaluate_strategies
 
 __all__ = ["theory_baselines"]
@@ -36,6 +36,7 @@ def theory_baselines(
     optimised: bool = False,
     dp: bool = False,
     best_coord: bool = False,
+    adaptive_opt: bool = False,
 ) -> dict[str, float]:
     """All baselines of the CLI's ``theory`` command as plain floats (the book's appendix *Conventions*, section
     "The command line").
@@ -43,13 +44,16 @@ def theory_baselines(
     Keys: ``tau2``, ``adaptive_greedy``, ``nonadaptive_coord`` (heap order), ``lmmse``,
     ``gaussian_twin``, ``noisefree_adaptive``, ``noisefree_nonadaptive`` (heap order);
     ``*_stderr`` for the Monte Carlo ones, ``samples``; plus ``nonadaptive_opt`` when
-    ``optimised``, ``dp_optimal`` (Gaussian channel with the same ``tau``, ``K <= 3``) when
-    ``dp``, and ``nonadaptive_best_coord`` with ``noisefree_best_coord`` (the set of
+    ``optimised``, ``adaptive_opt`` (the optimised adaptive policy of
+    :mod:`fvlib.theory.adaptive_opt`, started from the same optimised directions; it costs
+    tens of seconds at ``K = 6``) when ``adaptive_opt``, ``dp_optimal`` (Gaussian channel with the same ``tau``, fresh noise, ``K <= 3``)
+    and ``dp_no_repeat`` (the same DP when no node may be measured twice) when ``dp``, and ``nonadaptive_best_coord`` with ``noisefree_best_coord`` (the set of
     :func:`~fvlib.theory.closed_forms.best_fixed_nodes` and its exact noise-free loss) when ``best_coord``.
     The extra strategies are evaluated after the others, so they change none of their numbers.
     """
     tau2 = channel_tau2(tree, n_ctx, noise_std)
     names = ("adaptive_greedy", "nonadaptive_coord", "lmmse") + (("nonadaptive_opt",) if optimised else ())
+    names += ("adaptive_opt",) if adaptive_opt else ()
     names += ("nonadaptive_best_coord",) if best_coord else ()
     best = best_fixed_nodes(tree, budget) if best_coord else None
     est = evaluate_strategies(tree, n_ctx, noise_std, budget, samples=samples, seed=seed, strategies=names,
@@ -64,6 +68,7 @@ def theory_baselines(
         out["noisefree_best_coord"] = noisefree_nodes_loss(tree, best)
     if dp:
         out["dp_optimal"] = dp_value(tree, budget, math.sqrt(tau2))
+        out["dp_no_repeat"] = dp_no_repeat(tree, budget, math.sqrt(tau2))
     for name, e in est.items():
         out[f"{name}_stderr"] = e.stderr
     out["samples"] = samples

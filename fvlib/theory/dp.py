@@ -3,7 +3,9 @@ measure*).
 
 Setting: the Gaussian channel with noise std ``tau`` given directly; each of the ``L`` layers
 measures one node ``a`` and observes ``phi ~ N(theta[a], tau^2)`` (fresh noise, so measuring a
-node again is allowed and useful). With belief ``b`` over the ``2^K`` leaves::
+node again is allowed and useful: :func:`dp_value`). A transformer pools one statistic, so
+measuring a node again returns the same number: :func:`dp_no_repeat` is the same DP over
+policies that never measure a node twice. With belief ``b`` over the ``2^K`` leaves::
 
     V_L(b) = E_b |theta - E_b theta|^2,     V_l(b) = min_a E[ V_{l+1}(b') | b, a ].
 
@@ -36,9 +38,11 @@ from .._checks import check_int, check_number
 from ..priors import TreePrior
 from .posteriors import greedy_action, leaf_values_at, posterior_probs, tree_posterior_variance, uniform_log_weights
 
-__all__ = ["dp_value", "greedy_value", "policy_value", "optimal_actions", "dp_policy_tree", "MAX_DP_DEPTH"]
+__all__ = ["dp_value", "dp_no_repeat", "greedy_value", "policy_value", "optimal_actions", "dp_policy_tree", "MAX_DP_DEPTH"]
 
 MAX_DP_DEPTH = 3
+#: The policies :func:`policy_value` evaluates.
+POLICIES = ("optimal", "no_repeat", "greedy", "nonadaptive")
 MAX_HERMITE_POINTS = 256
 MAX_GRID_POINTS = 8192
 _CHUNK = 16384
@@ -103,16 +107,19 @@ def _children(tree: TreePrior, log_w: torch.Tensor, node: int, tau: float, quad)
     return child, weight
 
 
-def _value(tree, log_w, steps_left, tau, quad, policy, step, first=False):
+def _value(tree, log_w, steps_left, tau, quad, policy, step, first=False, measured=frozenset()):
     """Expected final risk ``(B,)`` from beliefs ``log_w (B, J)`` with ``steps_left`` measurements.
 
-    ``policy`` is ``"optimal"`` (minimise over all nodes), ``"greedy"`` or ``"nonadaptive"``
-    (node ``step`` in heap order, whatever was observed).
+    ``policy`` is ``"optimal"`` (minimise over all nodes), ``"no_repeat"`` (minimise over the
+    nodes not in ``measured``, the nodes this branch has measured already), ``"greedy"`` or
+    ``"nonadaptive"`` (node ``step`` in heap order, whatever was observed). All beliefs of one
+    call share their history of actions, hence one ``measured`` set.
     """
     if steps_left == 0:
         return tree_posterior_variance(tree, posterior_probs(log_w))
     if log_w.shape[0] > _CHUNK:
-        return torch.cat([_value(tree, c, steps_left, tau, quad, policy, step) for c in log_w.split(_CHUNK)])
+        return torch.cat([_value(tree, c, steps_left, tau, quad, policy, step, measured=measured)
+                          for c in log_w.split(_CHUNK)])
     if policy == "nonadaptive":
         return _action_value(tree, log_w, step, steps_left, tau, quad, policy, step)
     if policy == "greedy":
@@ -122,18 +129,19 @@ def _value(tree, log_w, steps_left, tau, quad, policy, step, first=False):
             rows = nodes == node
             out[rows] = _action_value(tree, log_w[rows], node, steps_left, tau, quad, policy, step)
         return out
-    candidates = _root_candidates(tree) if first else range(tree.dim)
-    values = [_action_value(tree, log_w, a, steps_left, tau, quad, policy, step) for a in candidates]
+    candidates = _root_candidates(tree) if first else [a for a in range(tree.dim) if a not in measured]
+    values = [_action_value(tree, log_w, a, steps_left, tau, quad, policy, step, measured) for a in candidates]
     return torch.stack(values, dim=1).min(dim=1).values
 
 
-def _action_value(tree, log_w, node, steps_left, tau, quad, policy, step):
+def _action_value(tree, log_w, node, steps_left, tau, quad, policy, step, measured=frozenset()):
     """Expected final risk ``(B,)`` when measuring ``node`` now, then following ``policy``."""
     if steps_left == 1:
         return _last_step_value(tree, log_w, node, tau, quad)
     child, weight = _children(tree, log_w, node, tau, quad)
     B, P, J = child.shape
-    v = _value(tree, child.reshape(B * P, J), steps_left - 1, tau, quad, policy, step + 1)
+    after = measured | {node} if policy == "no_repeat" else measured
+    v = _value(tree, child.reshape(B * P, J), steps_left - 1, tau, quad, policy, step + 1, measured=after)
     return (weight * v.reshape(B, P)).sum(-1)
 
 
@@ -184,13 +192,15 @@ def policy_value(
 ) -> float:
     """Expected final risk of ``policy`` from the prior, by quadrature.
 
-    ``policy``: ``"optimal"`` (the DP), ``"greedy"`` or ``"nonadaptive"`` (the first
-    ``n_layers`` nodes in heap order). All three share the same quadrature, so their values
-    are directly comparable: optimal <= greedy, and optimal <= nonadaptive.
+    ``policy``: ``"optimal"`` (the DP), ``"no_repeat"`` (the DP over policies that never
+    measure a node twice), ``"greedy"`` or ``"nonadaptive"`` (the first ``n_layers`` nodes in
+    heap order). All share the same quadrature, so their values are directly comparable:
+    optimal <= no_repeat <= greedy (for ``n_layers <= K``, where greedy never repeats a node),
+    and no_repeat <= nonadaptive.
     """
     quad = _check(tree, n_layers, tau, quad_points, rule)
-    if policy not in ("optimal", "greedy", "nonadaptive"):
-        raise ValueError(f"policy must be 'optimal', 'greedy' or 'nonadaptive', got {policy!r}")
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
     prior = uniform_log_weights(tree, 1)
     return float(_value(tree, prior, n_layers, float(tau), quad, policy, 0, first=True)[0])
 
@@ -198,6 +208,18 @@ def policy_value(
 def dp_value(tree: TreePrior, n_layers: int, tau: float, quad_points: int = 48, rule: str = "hermite") -> float:
     """Bayes risk of the DP-optimal coordinate policy, ``V_0(prior)``."""
     return policy_value(tree, n_layers, tau, "optimal", quad_points, rule)
+
+
+def dp_no_repeat(tree: TreePrior, n_layers: int, tau: float, quad_points: int = 48, rule: str = "hermite") -> float:
+    """Bayes risk of the best coordinate policy that never measures a node twice.
+
+    This is the optimum on the channel a transformer has: its measurements are functions of one
+    pooled statistic ``g_hat``, so measuring a node again returns the same number and adds
+    nothing, while :func:`dp_value` (fresh noise at every measurement) gains from repeats.
+    Coordinates are orthogonal, so without repeats the Gaussian channel's noises are independent
+    exactly as in :func:`dp_value`. ``dp_value <= dp_no_repeat``.
+    """
+    return policy_value(tree, n_layers, tau, "no_repeat", quad_points, rule)
 
 
 def greedy_value(tree: TreePrior, n_layers: int, tau: float, quad_points: int = 48, rule: str = "hermite") -> float:

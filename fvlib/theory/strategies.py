@@ -22,6 +22,7 @@ import torch
 from .._checks import check_int
 from ..priors import TreePrior
 from ..stats import mean_and_stderr, squared_error
+from .adaptive_opt import OptimisedPolicy, optimise_adaptive_policy
 from .channel import FiniteSampleChannel, GaussianChannel, sample_statistic
 from .closed_forms import _check_nodes, best_fixed_nodes, channel_tau2, gaussian_posterior_cov
 from .posteriors import (
@@ -52,7 +53,10 @@ __all__ = [
 #: ``nonadaptive_coord`` reads the first ``M`` nodes in heap order (the CLI's definition), which
 #: is *not* the best fixed coordinate set; ``nonadaptive_best_coord`` reads the set of
 #: :func:`~fvlib.theory.closed_forms.best_fixed_nodes` (best without channel noise), or a given set.
-STRATEGIES = ("adaptive_greedy", "nonadaptive_coord", "lmmse", "nonadaptive_opt", "nonadaptive_best_coord")
+#: ``adaptive_opt`` is the optimised adaptive policy (:mod:`fvlib.theory.adaptive_opt`), on the
+#: finite-``N`` channel only.
+STRATEGIES = ("adaptive_greedy", "nonadaptive_coord", "lmmse", "nonadaptive_opt", "nonadaptive_best_coord",
+              "adaptive_opt")
 
 
 @dataclass(frozen=True)
@@ -271,13 +275,18 @@ def evaluate_strategies(
     channel: str = "finite",
     directions: torch.Tensor | None = None,
     nodes: torch.Tensor | None = None,
+    policy: OptimisedPolicy | None = None,
 ) -> dict[str, Estimate]:
     """Monte Carlo excess losses of several strategies on the *same* contexts.
 
     Args:
         channel: ``"finite"`` (the finite-``N`` statistic) or ``"gaussian"`` (the channel
             approximation with ``tau^2 = (E|theta|^2 + sigma^2)/N``).
-        directions: ``Q (M, D)`` for ``nonadaptive_opt``; optimised here when omitted.
+        directions: ``Q (M, D)`` for ``nonadaptive_opt`` (and the start of ``adaptive_opt``);
+            optimised here when omitted (:func:`optimise_directions` with ``seed``).
+        policy: the :class:`~fvlib.theory.adaptive_opt.OptimisedPolicy` of ``adaptive_opt``;
+            :func:`~fvlib.theory.adaptive_opt.optimise_adaptive_policy` with ``seed`` when
+            omitted (``adaptive_opt`` needs ``channel="finite"``).
         nodes: the ``M`` distinct node ids ``(M,)`` read by ``nonadaptive_best_coord``
             (Bayes decoding); ``best_fixed_nodes(tree, M)`` when omitted, i.e. the set that is
             best *without* channel noise (at finite ``N`` another set may do better).
@@ -296,6 +305,12 @@ def evaluate_strategies(
             raise ValueError(f"nodes must hold budget = {budget} node ids, got {nodes.numel()}")
     elif "nonadaptive_best_coord" in strategies:
         nodes = best_fixed_nodes(tree, budget)
+    if "adaptive_opt" in strategies and channel != "finite":
+        raise ValueError(f"adaptive_opt needs channel='finite', got {channel!r}")
+    if directions is None and ("nonadaptive_opt" in strategies or ("adaptive_opt" in strategies and policy is None)):
+        directions = optimise_directions(tree, budget, tau2, seed=seed)
+    if "adaptive_opt" in strategies and policy is None:
+        policy = optimise_adaptive_policy(tree, budget, tau2, directions=directions, seed=seed)
     theta, _, g_hat = mc_contexts(tree, samples, n_ctx, noise_std, seed, statistic=channel == "finite")
     gen = torch.Generator().manual_seed(seed + 1)
 
@@ -306,16 +321,19 @@ def evaluate_strategies(
 
     out = {}
     for name in strategies:
-        theta_hat = _estimate(name, tree, make_channel(), budget, tau2, directions, seed, nodes)
+        if name == "adaptive_opt":
+            theta_hat = policy.rollout(tree, make_channel(), tau2).theta_hat
+        else:
+            theta_hat = _estimate(name, tree, make_channel(), budget, tau2, directions, nodes)
         out[name] = Estimate.of(squared_error(theta_hat, theta))
     return out
 
 
-def _estimate(name, tree, chan, budget, tau2, directions, seed, best_nodes=None):
+def _estimate(name, tree, chan, budget, tau2, directions, best_nodes=None):
     if name == "adaptive_greedy":
         return run_greedy(tree, chan, budget, tau2).theta_hat
     if name == "nonadaptive_opt":
-        Q = directions if directions is not None else optimise_directions(tree, budget, tau2, seed=seed)
+        Q = directions
         u = chan.measure(Q)
         return posterior_probs(log_likelihood_directions(tree, Q, u, tau2)) @ tree.leaf_thetas
     nodes = best_nodes if name == "nonadaptive_best_coord" else nonadaptive_nodes(tree, budget)

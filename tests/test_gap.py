@@ -1,0 +1,58 @@
+"""Which half of model A falls short: its router with the exact Bayes decoder (chapter 8)."""
+
+import pytest
+import torch
+
+from fvlib import TreePrior, make_generator, sample_task
+from fvlib.experiments import gap_table, router_bayes_decode, router_directions
+from fvlib.models import FVTransformer, model_a, model_config
+from fvlib.train import TrainConfig
+
+
+def _model_and_batch(budget=3, contexts=300, seed=0):
+    torch.manual_seed(seed)
+    tree = TreePrior(3, 0.5)
+    model = model_a(tree, budget, width=16)
+    batch = sample_task(tree, contexts, 64, 0.1, make_generator(seed))
+    return tree, model, batch
+
+
+def test_router_rows_reproduce_the_workspace():
+    tree, model, batch = _model_and_batch()
+    rows = router_directions(model, batch)
+    assert rows.shape == (batch.batch_size, 3, tree.dim)
+    _, cache = model.run_with_cache(batch, names_filter="blocks.3.hook_workspace")
+    readings = torch.einsum("bmd,bd->bm", rows, batch.to("cpu", torch.float64).sufficient_statistic())
+    assert torch.allclose(readings, cache["blocks.3.hook_workspace"].double(), atol=1e-4)
+
+
+def test_bayes_decoder_beats_an_untrained_decoder():
+    # the untrained decoder outputs 0 (its last layer starts at zero): loss = E|theta|^2
+    tree, model, batch = _model_and_batch()
+    out = router_bayes_decode(model, tree, batch)
+    assert out["contexts"] == batch.batch_size
+    assert out["model"][0] == pytest.approx(tree.energy, rel=1e-6)
+    assert out["router_bayes"][0] < 0.8 * out["model"][0]
+
+
+def test_router_directions_need_a_gated_router():
+    tree = TreePrior(3, 0.5)
+    config = model_config("A", tree, 2)
+    model = FVTransformer(type(config)(**{**config.to_dict(), "router": "linear"}))
+    batch = sample_task(tree, 8, 16, 0.0, make_generator(0))
+    with pytest.raises(ValueError, match="gated"):
+        router_directions(model, batch)
+
+
+def test_gap_table_rows():
+    tree, model, _ = _model_and_batch(budget=2)
+    config = TrainConfig(depth=3, budget=2, n_ctx=64, noise_std=0.1, steps=1)
+    table = gap_table(model, config, contexts=600, seed=1)
+    for row in ("adaptive_greedy", "nonadaptive_opt", "adaptive_opt", "model", "router_bayes"):
+        mean, stderr = table[row]
+        assert 0 <= mean and 0 <= stderr < mean
+    best = min(table["adaptive_greedy"][0], table["nonadaptive_opt"][0])
+    assert table["adaptive_opt"][0] <= best + 3 * max(table["adaptive_greedy"][1], table["nonadaptive_opt"][1])
+    assert table["adaptive_opt_kind"] in ("learned", "greedy", "nonadaptive_opt")
+    with pytest.raises(ValueError, match="tree"):
+        gap_table(model, TrainConfig(prior="gaussian-twin", depth=3, budget=2), contexts=10)
