@@ -546,10 +546,19 @@ class _Run:
 
     def train_step(self) -> None:
         data = sample_training_batch(self.prior, self.config, self.generator)
-        loss = training_step(self.model, self.optimizer, *data, lr=lr_at(self.step, self.config))
+        self.count_step(training_step(self.model, self.optimizer, *data, lr=lr_at(self.step, self.config)))
+
+    def count_step(self, loss: float) -> None:
+        """Book a finished step and its training loss."""
         self.step += 1
         self.scalars["loss_sum"] += loss
         self.scalars["loss_count"] += 1
+
+    def eval_due(self) -> bool:
+        return self.step % self.config.eval_every == 0 or self.step == self.config.steps
+
+    def checkpoint_due(self, stop: int) -> bool:
+        return self.step % self.config.checkpoint_every == 0 or self.step == stop
 
     def record_eval(self) -> dict:
         result = _evaluate_batches(self.model, self.eval_batches)
@@ -579,6 +588,18 @@ class _Run:
                 self.history,
                 self.scalars,
             )
+
+    def result(self) -> TrainResult:
+        """The outcome where training stopped (the model is put in eval mode)."""
+        self.model.eval()
+        return TrainResult(
+            model=self.model,
+            config=self.config,
+            history=self.history,
+            final_loss=self.final_loss(),
+            seconds=self.elapsed(),
+            checkpoint=str(self.out_dir / MODEL_FILE) if self.out_dir is not None else None,
+        )
 
     def final_loss(self) -> float:
         if self.history[-1]["step"] == self.step:
@@ -634,24 +655,16 @@ def train(
         run.train_step()
         bar.update(1)
         stop_now = False
-        if run.step % config.eval_every == 0 or run.step == config.steps:
+        if run.eval_due():
             entry = run.record_eval()
             bar.set_postfix(excess=f"{entry['eval_excess_loss']:.4f}")
             stop_now = bool(callback(entry)) if callback is not None else False
-        if stop_now or run.step % config.checkpoint_every == 0 or run.step == stop:
+        if stop_now or run.checkpoint_due(stop):
             run.checkpoint()
         if stop_now:
             break
     bar.close()
-    run.model.eval()
-    return TrainResult(
-        model=run.model,
-        config=config,
-        history=run.history,
-        final_loss=run.final_loss(),
-        seconds=run.elapsed(),
-        checkpoint=str(run.out_dir / MODEL_FILE) if run.out_dir is not None else None,
-    )
+    return run.result()
 
 
 #: The theory baseline each model is measured against (chapter 8, *Experiments*).
