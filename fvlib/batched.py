@@ -6,7 +6,7 @@ and take each Adam step together, as one ``torch.func.vmap`` of the model's own 
 (``functional_call``) over the stacked parameters. Contexts are sampled once per step for
 all models that would see the same ones alone.
 
-* **Grouping.** Configs that train the same architecture (:meth:`TrainConfig.model_config`:
+* **Grouping.** Configs that train the same architecture (``TrainConfig.model_config()``:
   kind, budget, ``D``, width) on the same device, with the same ``lr``, ``steps``, ``batch``,
   ``n_ctx`` and ``queries``, and that stand at the same step, form one stack; seeds, data
   seeds, priors, ``alpha``, ``noise_std`` and the evaluation and checkpoint periods may
