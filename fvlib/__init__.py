@@ -10,6 +10,7 @@ imports only from the layers below it (``tests/test_import_layers.py`` checks th
     theory                    exact posteriors, strategies, dynamic programming, closed forms, fits
     models                    the constrained linear-attention transformer (models A, B, C), hooks
     train                     training, checkpoints and resume, evaluation beside theory
+    batched                   many training runs in one loop (stacked parameters, vmap)
     patching                  key patching (model and theory), transplants, probes
     experiments, reproduce    the chapters' experiment drivers (training runs, Monte Carlo
                               sweeps, hooked model runs); the CLI's reproduce command
@@ -30,7 +31,8 @@ from .priors import GaussianPrior, TreePrior, make_prior  # noqa: E402
 from .task import TaskBatch, make_generator, sample_task  # noqa: E402
 
 # The heavier layers are imported on first use: ``fvlib.theory``, ``fvlib.models``,
-# ``fvlib.train``, ``fvlib.patching``, ``fvlib.experiments``, ``fvlib.plots``.
+# ``fvlib.train``, ``fvlib.batched``, ``fvlib.patching``, ``fvlib.experiments``,
+# ``fvlib.plots``.
 
 __all__ = [
     "__version__",

@@ -11,8 +11,12 @@ Training (chapters 5, *Gaussian prior*, and 8, *Experiments*; the book's appendi
   prior and on its Gaussian twin), trained once and reused by every chapter through
   :func:`fvlib.train.run_dir_for`;
 * :func:`train_all` -- train (or reload) a dict of configs, each into its ``run_dir_for``;
+* :func:`seed_configs` and :func:`train_seeds` -- the same configs at more seeds, trained
+  batched (:func:`fvlib.batched.train_many`) beside the runs of the configs' own seed;
+* :func:`final_losses` -- the final excess losses and their standard errors of a list of runs;
 * :func:`depth_sweep` and :func:`depth_sweep_theory` -- model A with ``L = 1..K`` layers
-  against model B with ``d = 1..K`` channels, and the theory curves beside them.
+  against model B with ``d = 1..K`` channels (several seeds, batched), and the theory curves
+  beside them.
 
 Decay with depth and budget (chapter 6, *Tree prior*):
 
@@ -55,12 +59,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
 from ._checks import check_int, check_number
+from .batched import train_many
 from .models import hook_name
 from .priors import GaussianPrior, TreePrior
 from .stats import mean_and_stderr, squared_error
@@ -87,6 +92,9 @@ from .train import TrainConfig, TrainResult, run_dir_for, train
 __all__ = [
     "shared_configs",
     "train_all",
+    "seed_configs",
+    "train_seeds",
+    "final_losses",
     "DepthSweep",
     "depth_sweep",
     "depth_sweep_theory",
@@ -138,17 +146,81 @@ def train_all(configs: Mapping, progress: bool = True) -> dict:
     return {key: train(cfg, out_dir=run_dir_for(cfg), progress=progress) for key, cfg in configs.items()}
 
 
+def _check_seeds(seeds) -> list[int]:
+    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence) or not seeds:
+        raise ValueError(f"seeds must be a non-empty list of seeds, got {seeds!r}")
+    seeds = [check_int("seed", s, 0) for s in seeds]
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be distinct, got {seeds!r}")
+    return seeds
+
+
+def seed_configs(config: TrainConfig, seeds: Sequence[int]) -> list[TrainConfig]:
+    """``config`` at every seed of ``seeds``, all on ``config``'s data (common random numbers).
+
+    Each copy changes ``seed`` (the initialisation) and keeps the training contexts and the
+    evaluation set of ``config``: ``data_seed = config.effective_data_seed``. The copy at
+    ``config``'s own seed is ``config`` itself (``data_seed`` untouched), so its run directory
+    (:func:`~fvlib.train.run_dir_for`) is the one of ``config``. The seeds then differ only in
+    the initial weights: the spread over them is the training's own variability on fixed
+    data, and differences between models are measured on the same contexts.
+
+    Raises:
+        ValueError: ``seeds`` empty, not distinct, or holding a bad seed.
+    """
+    seeds = _check_seeds(seeds)
+    data = config.effective_data_seed
+    return [config if s == config.seed else replace(config, seed=s, data_seed=data) for s in seeds]
+
+
+def train_seeds(configs: Mapping, seeds: Sequence[int], progress: bool = True) -> dict:
+    """Train (or reload) every config of ``configs`` at every seed (:func:`seed_configs`).
+
+    The run at a config's own seed is trained alone, as :func:`train_all` does, so it is
+    bitwise the run that other chapters load from the same directory; the runs of the other
+    seeds, of every config, are trained together in one :func:`fvlib.batched.train_many`
+    call (their final losses agree with training each alone to a relative ``1e-4``). Every run
+    goes to its :func:`~fvlib.train.run_dir_for` directory.
+
+    Returns ``{key: [TrainResult, one per seed in the order of seeds]}``.
+    """
+    per_key = {key: seed_configs(cfg, seeds) for key, cfg in configs.items()}
+    alone = {key: train(cfg, out_dir=run_dir_for(cfg), progress=progress)
+             for key, cfg in configs.items() if cfg.seed in seeds}
+    extra = [(key, c) for key, cfgs in per_key.items() for c in cfgs if c is not configs[key]]
+    batched = train_many([c for _, c in extra], [run_dir_for(c) for _, c in extra],
+                         progress=progress) if extra else []
+    done = dict(zip([(key, c.seed) for key, c in extra], batched))
+    return {key: [alone[key] if c is configs[key] else done[(key, c.seed)] for c in cfgs]
+            for key, cfgs in per_key.items()}
+
+
+def final_losses(results: Sequence[TrainResult]) -> tuple[np.ndarray, np.ndarray]:
+    """``(loss (n,), stderr (n,))``: each run's final evaluation (``history[-1]``: its
+    excess loss and the Monte Carlo standard error over ``eval_contexts`` contexts)."""
+    return (np.array([r.history[-1]["eval_excess_loss"] for r in results]),
+            np.array([r.history[-1]["eval_stderr"] for r in results]))
+
+
 @dataclass
 class DepthSweep:
-    """Final excess losses of trained models over a range of budgets.
+    """Final excess losses of trained models over a range of budgets, at one or more seeds.
 
-    ``loss[model]`` and ``stderr[model]`` are arrays of shape ``(len(budgets),)``;
-    ``configs[model]`` lists the :class:`~fvlib.train.TrainConfig` of each point.
+    ``seed_loss[model]`` and ``seed_stderr[model]`` have shape ``(len(seeds), len(budgets))``:
+    each seed's final excess loss and its Monte Carlo standard error (``eval_contexts``
+    contexts). ``loss[model]`` is the mean over seeds ``(len(budgets),)``, ``stderr[model]``
+    the Monte Carlo standard error of that mean, ``sqrt(sum_s se_s^2) / n_seeds``, and
+    ``spread[model]`` the standard deviation over seeds (``ddof=1``; zeros for one seed).
+    ``configs[model]`` and ``results[model]`` list the points seed by seed, budgets within.
     """
 
     budgets: np.ndarray
+    seeds: tuple = (0,)
     loss: dict = field(default_factory=dict)
     stderr: dict = field(default_factory=dict)
+    spread: dict = field(default_factory=dict)
+    seed_loss: dict = field(default_factory=dict)
+    seed_stderr: dict = field(default_factory=dict)
     configs: dict = field(default_factory=dict)
     results: dict = field(default_factory=dict)
 
@@ -157,22 +229,40 @@ def depth_sweep(
     budgets: Sequence[int],
     models: Sequence[str] = ("A", "B"),
     progress: bool = True,
+    seeds: Sequence[int] = (0,),
     **config,
 ) -> DepthSweep:
-    """Train ``TrainConfig(model=X, budget=M, **config)`` for every model and budget.
+    """Train ``TrainConfig(model=X, budget=M, seed=s, **config)`` for every model, budget and seed.
 
     Model A with budget ``M`` has ``L = M`` layers of one channel; model B has one layer of
-    ``d = M`` channels. Each run goes to ``run_dir_for`` (trained once, then reloaded). The
-    reported loss is the final evaluation (``history[-1]``: ``eval_contexts`` fresh contexts).
+    ``d = M`` channels. Every point is trained in one :func:`fvlib.batched.train_many` call
+    into its :func:`~fvlib.train.run_dir_for` directory (trained once, then reloaded); the
+    seeds of a point share their data (:func:`seed_configs`: the contexts and evaluation set
+    of ``data_seed`` if given, else of the first seed), and so do all the points, whose stacks
+    then read one draw of contexts per step. The reported loss is the final evaluation
+    (``history[-1]``: ``eval_contexts`` fresh contexts, the same for every point).
     """
-    out = DepthSweep(budgets=np.asarray(list(budgets), dtype=int))
+    seeds = _check_seeds(seeds)
+    config = dict(config)
+    config.setdefault("data_seed", None)
+    out = DepthSweep(budgets=np.asarray(list(budgets), dtype=int), seeds=tuple(seeds))
+    grid = {}
     for model in models:
-        cfgs = [TrainConfig(model=model, budget=int(m), **config) for m in budgets]
-        res: list[TrainResult] = [train(c, out_dir=run_dir_for(c), progress=progress) for c in cfgs]
-        out.configs[model] = cfgs
-        out.results[model] = res
-        out.loss[model] = np.array([r.history[-1]["eval_excess_loss"] for r in res])
-        out.stderr[model] = np.array([r.history[-1]["eval_stderr"] for r in res])
+        first = [TrainConfig(model=model, budget=int(m), seed=seeds[0], **config) for m in budgets]
+        per_seed = [seed_configs(c, seeds) for c in first]  # (budgets, seeds)
+        grid[model] = [[per_seed[j][i] for j in range(len(first))] for i in range(len(seeds))]
+    flat = [c for model in models for row in grid[model] for c in row]
+    results = iter(train_many(flat, [run_dir_for(c) for c in flat], progress=progress))
+    for model in models:
+        res = [[next(results) for _ in row] for row in grid[model]]  # (seeds, budgets)
+        out.configs[model] = [c for row in grid[model] for c in row]
+        out.results[model] = [r for row in res for r in row]
+        losses = np.array([final_losses(row)[0] for row in res])
+        stderrs = np.array([final_losses(row)[1] for row in res])
+        out.seed_loss[model], out.seed_stderr[model] = losses, stderrs
+        out.loss[model] = losses.mean(axis=0)
+        out.stderr[model] = np.sqrt((stderrs**2).sum(axis=0)) / len(seeds)
+        out.spread[model] = losses.std(axis=0, ddof=1) if len(seeds) > 1 else np.zeros(len(out.budgets))
     return out
 
 

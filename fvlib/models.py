@@ -11,6 +11,9 @@ A context of ``N`` tokens ``z_i = (x_i, y_i)`` and a query token ``x_q`` go in; 
 * the workspace (function vector) ``Phi_l = Phi_{l-1} (+) phi_l`` in ``R^{l d}``,
 
 and the readout is ``theta_hat = decoder(Phi_L)`` in ``R^D``, ``y_hat_q = <theta_hat, x_q>``.
+Every contraction with the inputs (keys, pooling, the predictions of ``Q`` query tokens) is one
+function, :func:`measure`, whose ``torch.func.vmap`` rule lets stacked models read shared
+contexts once (:mod:`fvlib.batched`).
 
 Router kinds:
 
@@ -73,6 +76,7 @@ __all__ = [
     "model_c",
     "model_config",
     "make_model",
+    "measure",
 ]
 
 ROUTER_KINDS = ("gated", "mlp", "linear")
@@ -249,6 +253,92 @@ def _names_filter(names_filter) -> Callable[[str], bool]:
 # ----------------------------------------------------------------------------------------
 # Building blocks
 # ----------------------------------------------------------------------------------------
+class _Measure(torch.autograd.Function):
+    """See :func:`measure`. Forward and backward are the ops autograd records for the plain
+    expressions, so results and gradients are bitwise those of ``x @ W.T`` and ``torch.bmm``."""
+
+    @staticmethod
+    def forward(tokens, directions):
+        if directions.ndim == 2:
+            return tokens @ directions.T
+        return torch.bmm(tokens, directions.transpose(1, 2))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        tokens, directions = ctx.saved_tensors
+        grad_tokens = grad_directions = None
+        if directions.ndim == 2:  # autograd of matmul: folded into one mm over the B R rows
+            flat = grad.reshape(-1, grad.shape[-1])  # (B R, c)
+            if ctx.needs_input_grad[0]:
+                grad_tokens = flat.mm(directions).view(tokens.shape)
+            if ctx.needs_input_grad[1]:
+                grad_directions = flat.t().mm(tokens.reshape(-1, tokens.shape[-1]))
+        else:  # autograd of bmm, then of the transpose
+            if ctx.needs_input_grad[0]:
+                grad_tokens = grad.bmm(directions)
+            if ctx.needs_input_grad[1]:
+                grad_directions = tokens.transpose(1, 2).bmm(grad).transpose(1, 2)
+        return grad_tokens, grad_directions
+
+    @staticmethod
+    def vmap(info, in_dims, tokens, directions):
+        """``torch.func.vmap`` over models (:mod:`fvlib.batched`): an operand that is not
+        batched is shared by all ``k`` models and read once, the ``k`` models' rows or
+        directions folded into one matrix product; the backward passes never read the
+        tokens transposed."""
+        t_dim, d_dim = in_dims
+        tokens = tokens if t_dim is None else tokens.movedim(t_dim, 0)
+        directions = directions if d_dim is None else directions.movedim(d_dim, 0)
+        if directions.ndim - (d_dim is not None) == 2:
+            return _measure_fixed_batched(tokens, directions, t_dim is not None, d_dim is not None)
+        return _measure_per_context_batched(tokens, directions, t_dim is not None, d_dim is not None)
+
+
+def _measure_fixed_batched(tokens, directions, tokens_batched: bool, directions_batched: bool):
+    """vmap rule of :func:`measure` for directions ``(c, D)``: returns ``(out, out_dim)``."""
+    if not directions_batched:  # tokens (k, B, R, D): one mm over all rows
+        return tokens @ directions.T, 0
+    k, c, D = directions.shape
+    if not tokens_batched:  # tokens (B, R, D) shared: (B R, D) x (D, k c)
+        out = tokens.reshape(-1, D) @ directions.reshape(k * c, D).T
+        return out.view(*tokens.shape[:-1], k, c), tokens.ndim - 1
+    out = torch.bmm(directions, tokens.reshape(k, -1, D).transpose(1, 2)).transpose(1, 2)  # (k, B R, c)
+    return out.reshape(*tokens.shape[:-1], c), 0
+
+
+def _measure_per_context_batched(tokens, directions, tokens_batched: bool, directions_batched: bool):
+    """vmap rule of :func:`measure` for directions ``(B, c, D)``: returns ``(out, out_dim)``."""
+    if tokens_batched and directions_batched:  # (k, B, ...): k B independent products
+        k, B = tokens.shape[:2]
+        out = torch.bmm(directions.flatten(0, 1), tokens.flatten(0, 1).transpose(1, 2)).transpose(1, 2)
+        return out.unflatten(0, (k, B)), 0
+    if directions_batched:  # tokens (B, R, D) shared, directions (k, B, c, D)
+        k, B, c, D = directions.shape
+        out = torch.bmm(directions.transpose(0, 1).reshape(B, k * c, D), tokens.transpose(1, 2))  # (B, k c, R)
+        return out.view(B, k, c, -1).transpose(2, 3), 1
+    k, B, R, D = tokens.shape  # directions (B, c, D) shared, tokens (k, B, R, D)
+    out = torch.bmm(tokens.transpose(0, 1).reshape(B, k * R, D), directions.transpose(1, 2))  # (B, k R, c)
+    return out.view(B, k, R, -1), 1
+
+
+def measure(tokens: torch.Tensor, directions: torch.Tensor) -> torch.Tensor:
+    """Inner products of every token with every direction: ``out[b, r, c] = <tokens[b, r], directions[., c]>``.
+
+    ``tokens (B, R, D)`` with directions ``(c, D)`` (the same for every context) or
+    ``(B, c, D)`` (one set per context) give ``(B, R, c)``. It is the one contraction of the
+    model with its inputs: keys ``k_i = G x_i``, their pooling against the values
+    ``sum_i y_i k_i`` and the predictions ``<theta_hat, x_q>``. Numbers and gradients are
+    bitwise those of ``tokens @ directions.T``, ``torch.bmm`` and the equivalent ``einsum``; under
+    ``torch.func.vmap`` over stacked models a shared operand (the same contexts for every
+    model) is read once instead of once per model.
+    """
+    return _Measure.apply(tokens, directions)
+
+
 def _mlp(n_in: int, n_out: int, width: int, hidden_layers: int) -> nn.Sequential:
     """``n_in -> width -> ... -> n_out`` with GELU; the last layer starts at zero weights."""
     layers: list[nn.Module] = []
@@ -288,8 +378,8 @@ class GatedRouter(nn.Module):
 
     def forward(self, x: torch.Tensor, workspace: torch.Tensor) -> torch.Tensor:
         if self.gate is None:
-            return x @ self.base.T
-        return torch.bmm(x, self.matrix(workspace).transpose(1, 2))
+            return measure(x, self.base)
+        return measure(x, self.matrix(workspace))
 
 
 class LinearRouter(nn.Module):
@@ -302,7 +392,7 @@ class LinearRouter(nn.Module):
         self.weight = _measurement_init(channels, dim, 1.0)
 
     def forward(self, x: torch.Tensor, workspace: torch.Tensor) -> torch.Tensor:
-        return x @ self.weight.T
+        return measure(x, self.weight)
 
 
 class MLPRouter(nn.Module):
@@ -342,7 +432,8 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, y: torch.Tensor, workspace: torch.Tensor) -> torch.Tensor:
         """``x (B, N, D)``, ``y (B, N)``, ``workspace Phi_{l-1} (B, (l-1) d)`` -> ``Phi_l (B, l d)``."""
         keys = self.hook_keys(self.router(x, workspace))  # (B, N, d)
-        phi = self.hook_phi(torch.einsum("bnc,bn->bc", keys, y) / y.shape[1])  # (B, d)
+        pooled = measure(y[:, None, :], keys.transpose(1, 2))[:, 0]  # (B, d): sum_i y_i k_i
+        phi = self.hook_phi(pooled / y.shape[1])  # (B, d)
         return self.hook_workspace(torch.cat([workspace, phi], dim=-1))
 
 
@@ -395,7 +486,7 @@ class FVTransformer(nn.Module):
         if x_query.ndim == 2:
             prediction = (theta_hat * x_query).sum(-1)
         else:
-            prediction = torch.einsum("bd,bqd->bq", theta_hat, x_query)
+            prediction = measure(theta_hat[:, None, :], x_query)[:, 0]  # (B, Q)
         prediction = self.hook_prediction(prediction)
         return theta_hat, prediction
 

@@ -8,7 +8,8 @@ section "Models A, B, C").
   whatever ``queries`` is; more query tokens only lower the gradient noise (one query
   token gives a rank-one, very noisy estimate of ``theta_hat - theta`` in ``D`` dimensions).
 * Adam with a cosine learning-rate schedule ``lr_t = lr (1 + cos(pi t / steps)) / 2``.
-* Evaluation on a fixed set of contexts drawn from a *separate* seed (``seed + 10_000``):
+* Evaluation on a fixed set of contexts drawn from a *separate* seed (``seed + 10_000``, or
+  ``data_seed + 10_000``):
   the excess loss ``E|theta_hat - theta|^2`` and the query loss, which should agree up to
   ``sigma^2`` (``query_loss ~ noise_std^2 + excess_loss``).
 * Deterministic on CPU: the same config gives bitwise the same numbers, and a run that is
@@ -70,7 +71,8 @@ __all__ = [
 ]
 
 PRIOR_KINDS = ("tree", "gaussian-twin", "gaussian")
-#: The evaluation contexts are drawn with ``seed + EVAL_SEED_OFFSET``, never seen in training.
+#: The evaluation contexts are drawn with ``effective_data_seed + EVAL_SEED_OFFSET``, never seen
+#: in training.
 EVAL_SEED_OFFSET = 10_000
 #: Config fields that may change between an interrupted run and its resumption.
 RESUMABLE_FIELDS = ("device", "checkpoint_every")
@@ -101,8 +103,12 @@ class TrainConfig:
         steps, batch, lr: optimisation length, contexts per step, peak Adam learning rate.
         queries: query tokens per training context (the loss averages over them).
         width, hidden_layers: router and decoder MLP size.
-        seed: seeds the model initialisation and the training contexts; the evaluation set
-            uses ``seed + 10_000``.
+        seed: seeds the model initialisation, and the data when ``data_seed`` is ``None``.
+        data_seed: seeds the data: the training contexts and the evaluation set (drawn with
+            ``data_seed + 10_000``); ``None`` (the default) uses ``seed``. Runs with the same
+            data seed (and the same prior, ``n_ctx``, ``noise_std``, ``batch`` and ``queries``)
+            see the very same contexts: common random numbers, which
+            :func:`fvlib.batched.train_many` samples once for all of them.
         eval_every, eval_contexts: evaluation period (steps) and evaluation set size.
         checkpoint_every: checkpoint period (steps); the last step is always checkpointed.
         device: ``'auto'`` (CUDA when available), ``'cpu'``, ``'cuda'``, ...
@@ -122,6 +128,7 @@ class TrainConfig:
     width: int = 128
     hidden_layers: int = 2
     seed: int = 0
+    data_seed: int | None = None
     eval_every: int = 250
     eval_contexts: int = 2048
     checkpoint_every: int = 500
@@ -146,6 +153,8 @@ class TrainConfig:
         ):
             check_int(name, getattr(self, name), 1)
         check_int("seed", self.seed, 0)
+        if self.data_seed is not None:
+            check_int("data_seed", self.data_seed, 0)
         check_number("lr", self.lr, 0, low_open=True)
         if not isinstance(self.device, str):
             raise ValueError(f"device must be a string, got {self.device!r}")
@@ -165,6 +174,11 @@ class TrainConfig:
             raise ValueError(f"unknown train config keys: {unknown}")
         return cls(**data)
 
+    @property
+    def effective_data_seed(self) -> int:
+        """The seed of the training contexts (and, plus 10_000, of the evaluation set)."""
+        return self.seed if self.data_seed is None else self.data_seed
+
     def model_config(self) -> ModelConfig:
         """The architecture this run trains."""
         return model_config(self.model, 2**self.depth - 1, self.budget, self.width, self.hidden_layers)
@@ -172,7 +186,7 @@ class TrainConfig:
 
 @dataclass
 class TrainResult:
-    """Outcome of :func:`train`.
+    """Outcome of :func:`train` (and of each run of :func:`fvlib.batched.train_many`).
 
     Attributes:
         model: the trained model (on the training device, in eval mode).
@@ -484,18 +498,31 @@ def training_step(model, optimizer, batch: TaskBatch, x_query, y_query, lr: floa
     return loss.item()
 
 
+def _eval_set_key(config: TrainConfig) -> tuple:
+    """Configs with equal keys are evaluated on the very same contexts."""
+    c = config
+    return (c.prior, c.depth, c.alpha, c.n_ctx, c.noise_std, c.eval_contexts, c.effective_data_seed)
+
+
 class _Run:
     """The mutable state of one training run (model, optimiser, RNG, history)."""
 
-    def __init__(self, config: TrainConfig, out_dir: Path | None, resume: bool):
+    def __init__(self, config: TrainConfig, out_dir: Path | None, resume: bool, eval_batches=None):
+        """``eval_batches``: the run's evaluation set if already drawn (see :func:`_eval_set_key`)."""
         self.config, self.out_dir = config, out_dir
         self.prior = build_prior(config)
         self.model = build_model(config).to(resolve_device(config.device))
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr)
-        self.generator = make_generator(config.seed)
-        self.eval_batches = _sample_eval_batches(
-            self.prior, config.n_ctx, config.noise_std, config.eval_contexts, config.seed + EVAL_SEED_OFFSET
-        )
+        self.generator = make_generator(config.effective_data_seed)
+        if eval_batches is None:
+            eval_batches = _sample_eval_batches(
+                self.prior,
+                config.n_ctx,
+                config.noise_std,
+                config.eval_contexts,
+                config.effective_data_seed + EVAL_SEED_OFFSET,
+            )
+        self.eval_batches = eval_batches
         self.step, self.history = 0, []
         self.scalars = {"loss_sum": 0.0, "loss_count": 0, "seconds": 0.0}
         if out_dir is not None:
@@ -519,10 +546,19 @@ class _Run:
 
     def train_step(self) -> None:
         data = sample_training_batch(self.prior, self.config, self.generator)
-        loss = training_step(self.model, self.optimizer, *data, lr=lr_at(self.step, self.config))
+        self.count_step(training_step(self.model, self.optimizer, *data, lr=lr_at(self.step, self.config)))
+
+    def count_step(self, loss: float) -> None:
+        """Book a finished step and its training loss."""
         self.step += 1
         self.scalars["loss_sum"] += loss
         self.scalars["loss_count"] += 1
+
+    def eval_due(self) -> bool:
+        return self.step % self.config.eval_every == 0 or self.step == self.config.steps
+
+    def checkpoint_due(self, stop: int) -> bool:
+        return self.step % self.config.checkpoint_every == 0 or self.step == stop
 
     def record_eval(self) -> dict:
         result = _evaluate_batches(self.model, self.eval_batches)
@@ -552,6 +588,18 @@ class _Run:
                 self.history,
                 self.scalars,
             )
+
+    def result(self) -> TrainResult:
+        """The outcome where training stopped (the model is put in eval mode)."""
+        self.model.eval()
+        return TrainResult(
+            model=self.model,
+            config=self.config,
+            history=self.history,
+            final_loss=self.final_loss(),
+            seconds=self.elapsed(),
+            checkpoint=str(self.out_dir / MODEL_FILE) if self.out_dir is not None else None,
+        )
 
     def final_loss(self) -> float:
         if self.history[-1]["step"] == self.step:
@@ -607,24 +655,16 @@ def train(
         run.train_step()
         bar.update(1)
         stop_now = False
-        if run.step % config.eval_every == 0 or run.step == config.steps:
+        if run.eval_due():
             entry = run.record_eval()
             bar.set_postfix(excess=f"{entry['eval_excess_loss']:.4f}")
             stop_now = bool(callback(entry)) if callback is not None else False
-        if stop_now or run.step % config.checkpoint_every == 0 or run.step == stop:
+        if stop_now or run.checkpoint_due(stop):
             run.checkpoint()
         if stop_now:
             break
     bar.close()
-    run.model.eval()
-    return TrainResult(
-        model=run.model,
-        config=config,
-        history=run.history,
-        final_loss=run.final_loss(),
-        seconds=run.elapsed(),
-        checkpoint=str(run.out_dir / MODEL_FILE) if run.out_dir is not None else None,
-    )
+    return run.result()
 
 
 #: The theory baseline each model is measured against (chapter 8, *Experiments*).
@@ -681,10 +721,15 @@ def run_dir_for(config: TrainConfig, root: str | os.PathLike | None = None) -> P
     ``train(config, out_dir=run_dir_for(config))`` trains once and, when called again with the
     same config (another chapter, a re-run), resumes the finished run instead of retraining: the
     numbers are identical either way because training is deterministic. ``root`` defaults to
-    ``$FVLIB_RUN_ROOT`` or ``./.fvlib_runs``.
+    ``$FVLIB_RUN_ROOT`` or ``./.fvlib_runs``. A ``data_seed`` of ``None`` is left out of the
+    name, so runs named before that field existed keep their directories.
     """
     root = Path(root if root is not None else os.environ.get(RUN_ROOT_ENV, ".fvlib_runs"))
-    fields_that_matter = {k: v for k, v in config.to_dict().items() if k not in RESUMABLE_FIELDS}
+    fields_that_matter = {
+        k: v
+        for k, v in config.to_dict().items()
+        if k not in RESUMABLE_FIELDS and not (k == "data_seed" and v is None)
+    }
     digest = hashlib.sha256(json.dumps(fields_that_matter, sort_keys=True).encode()).hexdigest()[:10]
     name = f"{config.model}-{config.prior}-K{config.depth}-M{config.budget}-N{config.n_ctx}-s{config.steps}-{digest}"
     return root / name

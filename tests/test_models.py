@@ -12,6 +12,7 @@ from fvlib.models import (
     ModelConfig,
     hook_name,
     make_model,
+    measure,
     model_a,
     model_b,
     model_c,
@@ -310,3 +311,63 @@ def test_a_hook_handle_removes_exactly_its_hook(batch):
     second.remove()
     second.remove()  # removing again does nothing
     assert torch.equal(model(batch), clean) and not torch.equal(once, clean)
+
+
+# ----- measure: the model's one contraction with its inputs ---------------------------------
+def _grads(fn, tokens, directions, grad_out, needs=(True, True)):
+    tokens = tokens.detach().clone().requires_grad_(needs[0])
+    directions = directions.detach().clone().requires_grad_(needs[1])
+    out = fn(tokens, directions)
+    inputs = [t for t in (tokens, directions) if t.requires_grad]
+    return out, torch.autograd.grad(out, inputs, grad_out)
+
+
+PLAIN = {2: lambda t, d: t @ d.T, 3: lambda t, d: torch.bmm(t, d.transpose(1, 2))}
+
+
+@pytest.mark.parametrize("ndim", [2, 3])
+@pytest.mark.parametrize("needs", [(True, True), (False, True), (True, False)])
+@pytest.mark.parametrize("channels", [1, 4])
+def test_measure_is_bitwise_the_plain_expression(ndim, needs, channels):
+    generator = torch.Generator().manual_seed(channels)
+    tokens = torch.randn(6, 33, D, generator=generator)
+    directions = torch.randn(*((6,) if ndim == 3 else ()), channels, D, generator=generator)
+    grad_out = torch.randn(6, channels, 33, generator=generator).transpose(1, 2)  # not contiguous
+    out, grads = _grads(measure, tokens, directions, grad_out, needs)
+    ref, ref_grads = _grads(PLAIN[ndim], tokens, directions, grad_out, needs)
+    assert torch.equal(out, ref)
+    assert all(torch.equal(g, r) for g, r in zip(grads, ref_grads, strict=True))
+
+
+def test_measure_pools_and_predicts_like_einsum():
+    generator = torch.Generator().manual_seed(1)
+    keys, y = torch.randn(5, 16, 3, generator=generator), torch.randn(5, 16, generator=generator)
+    pooled = measure(y[:, None, :], keys.transpose(1, 2))[:, 0]
+    assert torch.equal(pooled, torch.einsum("bnc,bn->bc", keys, y))
+    theta, x_query = torch.randn(5, D, generator=generator), torch.randn(5, 4, D, generator=generator)
+    assert torch.equal(measure(theta[:, None, :], x_query)[:, 0], torch.einsum("bd,bqd->bq", theta, x_query))
+
+
+@pytest.mark.parametrize("ndim", [2, 3])
+@pytest.mark.parametrize("in_dims", [(None, 0), (0, None), (0, 0), (1, 0)])
+def test_measure_under_vmap_equals_a_loop(ndim, in_dims):
+    """Every batching case of the vmap rule, values and gradients, against one call per model."""
+    k, generator = 3, torch.Generator().manual_seed(2)
+    t_shape, d_shape = (4, 9, D), ((4,) if ndim == 3 else ()) + (2, D)
+
+    def stacked(shape, dim):
+        if dim is None:
+            return torch.randn(shape, generator=generator, dtype=torch.float64)
+        return torch.randn(k, *shape, generator=generator, dtype=torch.float64).movedim(0, dim)
+
+    tokens = stacked(t_shape, in_dims[0]).requires_grad_()
+    directions = stacked(d_shape, in_dims[1]).requires_grad_()
+    out = torch.func.vmap(measure, in_dims=in_dims)(tokens, directions)
+    pick = lambda t, dim, i: t if dim is None else t.select(dim, i)  # noqa: E731
+    loop = torch.stack([measure(pick(tokens, in_dims[0], i), pick(directions, in_dims[1], i)) for i in range(k)])
+    torch.testing.assert_close(out, loop)
+    weights = torch.randn(out.shape, generator=generator, dtype=torch.float64)
+    grads = torch.autograd.grad((out * weights).sum(), (tokens, directions))
+    loop_grads = torch.autograd.grad((loop * weights).sum(), (tokens, directions))
+    for grad, ref in zip(grads, loop_grads):
+        torch.testing.assert_close(grad, ref)

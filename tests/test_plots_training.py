@@ -6,6 +6,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from fvlib import GaussianPrior, TreePrior  # noqa: E402
@@ -92,3 +93,74 @@ def test_depth_sweep_trains_tiny_runs_and_plots(tmp_path, monkeypatch):
     assert theory["adaptive_greedy"][0].shape == (2,)
     ax = plot_depth_sweep(sweep, theory)
     assert ax.get_yscale() == "log"
+
+
+# ----- several seeds (batched) -------------------------------------------------------------
+TINY_SWEEP = dict(depth=2, alpha=0.5, n_ctx=16, steps=4, batch=8, queries=4, width=8, eval_every=2,
+                  eval_contexts=16, device="cpu")
+
+
+def test_seed_configs_keep_the_data_and_the_own_seed_run():
+    from fvlib.experiments import seed_configs
+
+    base = TrainConfig(**TINY_SWEEP)
+    cfgs = seed_configs(base, [0, 1, 2])
+    assert cfgs[0] is base and run_dir_for(cfgs[0]) == run_dir_for(base)
+    assert [c.seed for c in cfgs] == [0, 1, 2] and all(c.effective_data_seed == 0 for c in cfgs)
+    assert cfgs[1].data_seed == 0 and len({run_dir_for(c) for c in cfgs}) == 3
+
+
+@pytest.mark.parametrize("seeds, message", [([], "non-empty"), ([0, 0], "distinct"), ([-1], "seed"),
+                                             ("01", "non-empty")])
+def test_seed_configs_reject_bad_seeds(seeds, message):
+    from fvlib.experiments import seed_configs
+
+    with pytest.raises(ValueError, match=message):
+        seed_configs(TrainConfig(**TINY_SWEEP), seeds)
+
+
+def test_train_seeds_trains_the_own_seed_alone_and_the_others_batched(tmp_path, monkeypatch):
+    from fvlib.experiments import final_losses, train_seeds
+
+    monkeypatch.setenv("FVLIB_RUN_ROOT", str(tmp_path))
+    configs = {"a": TrainConfig(**TINY_SWEEP), "b": TrainConfig(model="B", **TINY_SWEEP)}
+    out = train_seeds(configs, [0, 1, 2], progress=False)
+    assert set(out) == {"a", "b"} and [r.config.seed for r in out["a"]] == [0, 1, 2]
+    alone = train_all({"a": configs["a"]}, progress=False)["a"]  # reloaded: bitwise the same
+    assert out["a"][0].history == alone.history
+    loss, se = final_losses(out["b"])
+    assert loss.shape == se.shape == (3,) and (se > 0).all() and len(set(loss)) == 3
+    assert len(list(tmp_path.iterdir())) == 6
+    again = train_seeds(configs, [0, 1, 2], progress=False)  # everything reloaded
+    assert [r.history for r in again["b"]] == [r.history for r in out["b"]]
+
+
+def test_depth_sweep_with_seeds_gives_the_spread_and_plots(tmp_path, monkeypatch):
+    monkeypatch.setenv("FVLIB_RUN_ROOT", str(tmp_path))
+    sweep = depth_sweep([1, 2], models=("A", "B"), progress=False, seeds=(0, 1, 2), **TINY_SWEEP)
+    assert sweep.seeds == (0, 1, 2) and sweep.seed_loss["A"].shape == (3, 2)
+    np.testing.assert_allclose(sweep.loss["A"], sweep.seed_loss["A"].mean(0))
+    np.testing.assert_allclose(sweep.spread["B"], sweep.seed_loss["B"].std(0, ddof=1))
+    np.testing.assert_allclose(sweep.stderr["A"], np.sqrt((sweep.seed_stderr["A"] ** 2).sum(0)) / 3)
+    assert [c.seed for c in sweep.configs["A"]] == [0, 0, 1, 1, 2, 2]
+    # the same network with one channel: A and B at budget 1 agree for every seed
+    np.testing.assert_allclose(sweep.seed_loss["A"][:, 0], sweep.seed_loss["B"][:, 0], rtol=1e-6)
+    from fvlib.theory import fit_decay
+
+    fits = {"A": fit_decay([1, 2, 3], [1.0, 0.5, 0.25])}
+    ax = plot_depth_sweep(sweep, fits=fits)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any("mean of 3 seeds" in t for t in labels) and "fit to A: exponential" in labels
+
+
+def test_training_curves_and_bars_show_the_seeds():
+    hist = [[{"step": 0, "eval_excess_loss": v, "eval_stderr": 0.01}, {"step": 5, "eval_excess_loss": v / 2,
+             "eval_stderr": 0.01}] for v in (1.0, 1.2, 0.9)]
+    ax = plot_training_curves({"A": hist})
+    assert ax.get_legend().get_texts()[0].get_text() == "A (mean of 3 seeds)"
+    with pytest.raises(ValueError, match="different steps"):
+        plot_training_curves({"A": [hist[0], hist[1][:1]]})
+    values = {"tree": {"A": (0.02, 0.001)}}
+    bars = plot_grouped_bars(values, points={"tree": {"A": [0.018, 0.02, 0.022]}})
+    ax = bars["A"].patches[0].axes
+    assert any(t.get_text() == "single seeds" for t in ax.get_legend().get_texts())

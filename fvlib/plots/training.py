@@ -89,8 +89,12 @@ def plot_training_curves(
 
     Args:
         histories: ``{label: history}`` where ``history`` is ``TrainResult.history`` (a list of
-            dicts with ``step``, ``eval_excess_loss``, ``eval_stderr``). The first character of
-            the label picks the colour from :data:`~fvlib.plots.style.MODEL_COLORS` unless ``colors`` is given.
+            dicts with ``step``, ``eval_excess_loss``, ``eval_stderr``), or
+            ``{label: [history, ...]}``, one history per seed (the same steps): then the line is
+            the mean over seeds, the band spans the seeds' smallest to largest value, and the
+            error bars are ``+-2`` Monte Carlo standard errors of the mean. The first character
+            of the label picks the colour from :data:`~fvlib.plots.style.MODEL_COLORS` unless
+            ``colors`` is given.
         theory: ``{label: value}``; each is drawn as a dashed horizontal line in the colour of
             the run with the same label.
     Returns the axes.
@@ -101,6 +105,17 @@ def plot_training_curves(
     for i, (label, hist) in enumerate(histories.items()):
         color = colors.get(label, MODEL_COLORS.get(label[:1], _SERIES[i % len(_SERIES)]))
         colors[label] = color
+        if hist and not isinstance(hist[0], Mapping):  # one history per seed
+            steps = np.array([h["step"] for h in hist[0]], dtype=float)
+            if any([h["step"] for h in other] != list(steps) for other in hist):
+                raise ValueError(f"the seeds of {label!r} were evaluated at different steps")
+            losses = np.array([[h["eval_excess_loss"] for h in other] for other in hist], dtype=float)
+            ses = np.array([[h.get("eval_stderr", 0.0) for h in other] for other in hist], dtype=float)
+            loss, se = losses.mean(0), np.sqrt((ses**2).sum(0)) / len(hist)
+            ax.errorbar(steps, loss, yerr=2 * se, fmt="o-", ms=3, capsize=2, color=color,
+                        label=f"{label} (mean of {len(hist)} seeds)")
+            ax.fill_between(steps, losses.min(0), losses.max(0), color=color, alpha=0.25, lw=0)
+            continue
         steps = np.array([h["step"] for h in hist], dtype=float)
         loss = np.array([h["eval_excess_loss"] for h in hist], dtype=float)
         se = np.array([h.get("eval_stderr", 0.0) for h in hist], dtype=float)
@@ -122,6 +137,7 @@ def plot_grouped_bars(
     theory: Mapping[str, Mapping[str, float]] | None = None,
     ax=None,
     log: bool = True,
+    points: Mapping[str, Mapping[str, Sequence[float]]] | None = None,
 ):
     """Grouped bars with ``+-2`` standard-error bars and theory markers.
 
@@ -129,6 +145,8 @@ def plot_grouped_bars(
         values: ``{group: {label: (mean, stderr)}}`` (e.g. group = prior, label = model).
         theory: ``{group: {label: value}}``; each is drawn as a black horizontal tick
             on top of the bar with the same group and label.
+        points: ``{group: {label: [value, ...]}}``, e.g. each seed's value when the bar is
+            their mean; drawn as small white dots on the bar, spread sideways.
     Returns ``{label: BarContainer}``.
     """
     if ax is None:
@@ -137,7 +155,7 @@ def plot_grouped_bars(
     labels = list(dict.fromkeys(lab for g in groups for lab in values[g]))
     width = 0.8 / len(labels)
     bars = {}
-    marker_done = False
+    marker_done = dots_done = False
     for j, lab in enumerate(labels):
         xs = np.arange(len(groups)) + (j - (len(labels) - 1) / 2) * width
         means = np.array([values[g].get(lab, (np.nan, 0.0))[0] for g in groups], dtype=float)
@@ -146,6 +164,12 @@ def plot_grouped_bars(
             xs, means, width * 0.92, yerr=2 * ses, capsize=3, color=MODEL_COLORS.get(lab, _SERIES[j]), label=lab
         )
         for x, g in zip(xs, groups):
+            pts = np.asarray((points or {}).get(g, {}).get(lab, []), dtype=float)
+            if pts.size:
+                offsets = np.linspace(-0.25, 0.25, pts.size) * width if pts.size > 1 else [0.0]
+                ax.scatter(x + np.asarray(offsets), pts, s=12, color="white", edgecolor="black",
+                           linewidth=0.6, zorder=3, label=None if dots_done else "single seeds")
+                dots_done = True
             if theory and lab in theory.get(g, {}):
                 ax.plot(
                     [x - width * 0.45, x + width * 0.45], [theory[g][lab]] * 2, color="black", lw=2.5,
@@ -161,17 +185,38 @@ def plot_grouped_bars(
     return bars
 
 
-def plot_depth_sweep(sweep: DepthSweep, theory: Mapping[str, tuple] | None = None, ax=None, labels=None):
+def plot_depth_sweep(sweep: DepthSweep, theory: Mapping[str, tuple] | None = None, ax=None, labels=None,
+                     fits: Mapping[str, object] | None = None):
     """Excess loss against budget (log ``y``): trained models as points with ``+-2`` s.e. bars,
-    theory strategies as dashed lines (styles from :data:`THEORY_STYLES`). Returns the axes."""
+    theory strategies as dashed lines (styles from :data:`THEORY_STYLES`). Returns the axes.
+
+    With several seeds (``sweep.seed_loss``) the points are the means over seeds with ``+-2``
+    Monte Carlo standard errors of the mean, the band spans the seeds' smallest to largest
+    loss, and each seed is a small dot. ``fits``: ``{model: DecayFit}``
+    (:func:`fvlib.theory.fits.fit_decay` of that model's curve), drawn as a thin line of the
+    law it is fitted best by.
+    """
     if ax is None:
         _, ax = plt.subplots(figsize=(5.5, 3.8))
     labels = labels or {"A": "model A (L = M layers, d = 1)", "B": "model B (L = 1, d = M channels)"}
+    n_seeds = len(getattr(sweep, "seeds", (0,)))
     for model, loss in sweep.loss.items():
+        color = MODEL_COLORS.get(model, "k")
+        label = labels.get(model, f"model {model}")
         ax.errorbar(
             sweep.budgets, loss, yerr=2 * sweep.stderr[model], fmt="o-", ms=6, lw=2, capsize=3,
-            color=MODEL_COLORS.get(model, "k"), label=labels.get(model, f"model {model}"),
+            color=color, label=label + (f", mean of {n_seeds} seeds" if n_seeds > 1 else ""),
         )
+        per_seed = getattr(sweep, "seed_loss", {}).get(model)
+        if per_seed is not None and len(per_seed) > 1:
+            ax.fill_between(sweep.budgets, per_seed.min(0), per_seed.max(0), color=color, alpha=0.25, lw=0)
+            for row in per_seed:
+                ax.plot(sweep.budgets, row, ".", ms=3, color=color, alpha=0.8)
+        fit = (fits or {}).get(model)
+        if fit is not None:
+            law = fit.predict_exponential if fit.best == "exponential" else fit.predict_power
+            ax.plot(sweep.budgets, law(sweep.budgets), color=color, lw=0.8, ls="-.",
+                    label=f"fit to {model}: {fit.best}")
     for name, (mean, _se) in (theory or {}).items():
         style = dict(THEORY_STYLES.get(name, dict(color="0.4", ls="--", label=name)))
         ax.plot(sweep.budgets, mean, lw=1.4, marker="x", ms=5, **style)

@@ -1,0 +1,265 @@
+"""Training many models at once (chapter 8, *Experiments*): seeds, budgets and kinds in one loop.
+
+``train_many(configs, out_dirs)`` trains every config as :func:`fvlib.train.train` would,
+but in one loop: the models of one architecture are stacked (``torch.func.stack_module_state``)
+and take each Adam step together, as one ``torch.func.vmap`` of the model's own forward pass
+(``functional_call``) over the stacked parameters. Contexts are sampled once per step for
+all models that would see the same ones alone.
+
+* **Grouping.** Configs that train the same architecture (``TrainConfig.model_config()``:
+  kind, budget, ``D``, width) on the same device, with the same ``lr``, ``steps``, ``batch``,
+  ``n_ctx`` and ``queries``, and that stand at the same step, form one stack; seeds, data
+  seeds, priors, ``alpha``, ``noise_std`` and the evaluation and checkpoint periods may
+  differ. Other configs form other stacks, trained in the same loop; nothing is rejected.
+* **Contexts.** Each model draws its contexts from its own generator, seeded exactly as in
+  ``train`` (``config.effective_data_seed``). Models whose contexts coincide (the same data
+  seed and the same prior, ``n_ctx``, ``noise_std``, ``batch``, ``queries``) share one draw:
+  that changes no number, it only saves time. For common random numbers give the configs one
+  ``data_seed``: ``[dataclasses.replace(c, data_seed=0) for c in configs]``; then the models
+  of a stack read the shared contexts once (:func:`fvlib.models.measure`), which is where
+  batching pays most. Training one such config alone with ``train`` gives the same numbers.
+* **Run directories.** Each model's directory holds exactly what ``train`` writes (config,
+  weights, Adam moments and RNG state, history) at the same steps, so :func:`~fvlib.train.load_run`
+  reads it, ``train(config, out_dir=dir)`` resumes or reloads it, and ``train_many`` resumes
+  directories that ``train`` started, and the other way round.
+* **Numbers.** With the same configs the results are bitwise reproducible on the CPU. Against
+  training alone, the step-0 evaluation, the sampled contexts and the evaluation sets are
+  bitwise the same; the batched forward and backward passes add up the same products in
+  another order, so weights and losses then agree to float rounding that training carries
+  along (tested: final losses within a relative ``1e-4``), not bitwise. A model's numbers can
+  likewise differ at that level between stacks of different sizes.
+* **Cost.** Evaluations and checkpoints are the ones ``train`` does, model by model.
+  ``TrainResult.seconds`` of each model is the wall time of the whole loop: do not sum them.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch.func import functional_call, stack_module_state, vmap
+from tqdm.auto import tqdm
+
+from ._checks import check_int
+from .train import (
+    TrainConfig,
+    TrainResult,
+    _eval_set_key,
+    _Run,
+    lr_at,
+    query_loss,
+    resolve_device,
+    sample_training_batch,
+)
+
+__all__ = ["train_many"]
+
+
+def _stack_key(config: TrainConfig) -> tuple:
+    """What configs must share to be trained in one stack (besides their current step)."""
+    device = resolve_device(config.device)
+    return (config.model_config(), str(device), config.lr, config.steps, config.batch, config.n_ctx, config.queries)
+
+
+def _data_key(run: _Run) -> tuple:
+    """Runs with equal keys draw bitwise the same training contexts from now on."""
+    c = run.config
+    state = bytes(run.generator.get_state().numpy())
+    return (c.prior, c.depth, c.alpha, c.noise_std, c.n_ctx, c.batch, c.queries, state)
+
+
+class _Stream:
+    """One sequence of training contexts, drawn once per step for every run that reads it."""
+
+    def __init__(self, run: _Run):
+        self.prior, self.config = run.prior, run.config
+        self.generator = torch.Generator()
+        self.generator.set_state(run.generator.get_state())
+        self.data: tuple | None = None
+        self._moved: dict[str, tuple] = {}
+
+    def draw(self) -> None:
+        batch, x_query, y_query = sample_training_batch(self.prior, self.config, self.generator)
+        self.data, self._moved = (batch.x, batch.y, x_query, y_query), {}
+
+    def on(self, device: torch.device) -> tuple:
+        """``(x (B, N, D), y (B, N), x_query (B, Q, D), y_query (B, Q))`` on ``device``."""
+        key = str(device)
+        if key not in self._moved:
+            self._moved[key] = tuple(t.to(device) for t in self.data)
+        return self._moved[key]
+
+
+class _Stack:
+    """``k`` runs of one architecture whose parameters are stacked along a leading axis ``k``."""
+
+    def __init__(self, runs: list[_Run], streams: list[_Stream], stop: int):
+        self.runs, self.streams, self.stop = runs, streams, stop
+        self.config = runs[0].config
+        self.step = runs[0].step
+        self.device = next(runs[0].model.parameters()).device
+        self.params, self.buffers = stack_module_state([run.model for run in runs])  # (k, ...) each
+        self.template = copy.deepcopy(runs[0].model).to("meta").train()
+        self.optimizer = torch.optim.Adam(self.params.values(), lr=self.config.lr)
+        self._stack_optimizer_state()
+
+    def _run_params(self, run: _Run) -> dict:
+        return dict(run.model.named_parameters())
+
+    def _stack_optimizer_state(self) -> None:
+        """Resumed runs bring their Adam moments; stack them like the parameters."""
+        for name, stacked in self.params.items():
+            states = [run.optimizer.state.get(self._run_params(run)[name]) for run in self.runs]
+            if not states[0]:
+                assert not any(states), "runs at the same step have the same optimizer state keys"
+                continue
+            self.optimizer.state[stacked] = {
+                key: states[0][key].clone() if key == "step" else torch.stack([s[key] for s in states])
+                for key in states[0]
+            }
+
+    def _loss(self, params, buffers, x, y, x_query, y_query) -> torch.Tensor:
+        """One model's query loss (:func:`fvlib.train.query_loss`); vmapped over the stack."""
+        model = lambda *inputs: functional_call(self.template, (params, buffers), inputs)  # noqa: E731
+        return query_loss(model, x, y, x_query, y_query)
+
+    def _data(self) -> tuple[tuple, int | None]:
+        """This step's contexts and their vmap axis: ``None`` when every model reads the same."""
+        if all(stream is self.streams[0] for stream in self.streams):
+            return self.streams[0].on(self.device), None
+        parts = [stream.on(self.device) for stream in self.streams]
+        return tuple(torch.stack(tensors) for tensors in zip(*parts)), 0
+
+    def train_step(self) -> list[float]:
+        """One Adam step of every model at ``lr_at(step)``; returns the ``k`` losses."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_at(self.step, self.config)
+        data, axis = self._data()
+        losses = vmap(self._loss, in_dims=(0, 0) + (axis,) * 4)(self.params, self.buffers, *data)  # (k,)
+        self.optimizer.zero_grad(set_to_none=True)
+        losses.sum().backward()  # each model's gradient is that of its own loss
+        self.optimizer.step()
+        self.step += 1
+        return losses.tolist()
+
+    @torch.no_grad()
+    def sync(self, i: int) -> None:
+        """Write model ``i``'s weights, Adam moments and RNG state back into its run."""
+        run = self.runs[i]
+        for name, param in self._run_params(run).items():
+            stacked = self.params[name]
+            param.copy_(stacked[i])
+            state = self.optimizer.state.get(stacked)
+            if state:
+                run.optimizer.state[param] = {
+                    key: value.clone() if key == "step" else value[i].clone() for key, value in state.items()
+                }
+        run.generator.set_state(self.streams[i].generator.get_state())
+
+
+def _check_args(configs, out_dirs, until_step) -> tuple[list[TrainConfig], list[Path | None], list[int]]:
+    if isinstance(configs, (str, bytes)) or not isinstance(configs, Sequence) or not configs:
+        raise ValueError(f"configs must be a non-empty list of TrainConfig, got {configs!r}")
+    for i, config in enumerate(configs):
+        if not isinstance(config, TrainConfig):
+            raise ValueError(f"configs[{i}] must be a TrainConfig, got {type(config).__name__}")
+    if out_dirs is None:
+        out_dirs = [None] * len(configs)
+    if isinstance(out_dirs, (str, bytes, os.PathLike)) or not isinstance(out_dirs, Sequence):
+        raise ValueError(f"out_dirs must be None or a list of directories (one per config), got {out_dirs!r}")
+    if len(out_dirs) != len(configs):
+        raise ValueError(f"out_dirs holds {len(out_dirs)} directories for {len(configs)} configs")
+    dirs = [None if d is None else Path(d) for d in out_dirs]
+    seen: dict[Path, int] = {}
+    for i, d in enumerate(dirs):
+        if d is not None:
+            if d.resolve() in seen:
+                raise ValueError(f"out_dirs[{seen[d.resolve()]}] and out_dirs[{i}] are the same directory {str(d)!r}")
+            seen[d.resolve()] = i
+    stops = [c.steps if until_step is None else check_int("until_step", until_step, 1, c.steps) for c in configs]
+    return list(configs), dirs, stops
+
+
+def _make_stacks(runs: list[_Run], stops: list[int]) -> list[_Stack]:
+    """Stack the runs that still have steps to go; runs with the same contexts share a stream."""
+    streams: dict[tuple, _Stream] = {}
+    groups: dict[tuple, list[int]] = {}
+    for i, (run, stop) in enumerate(zip(runs, stops)):
+        if run.step < stop:
+            groups.setdefault((_stack_key(run.config), run.step, stop), []).append(i)
+    stacks = []
+    for (_, _, stop), members in groups.items():
+        member_streams = [streams.setdefault(_data_key(runs[i]), _Stream(runs[i])) for i in members]
+        stacks.append(_Stack([runs[i] for i in members], member_streams, stop))
+    return stacks
+
+
+def _after_step(stack: _Stack, i: int, loss: float) -> None:
+    """Model ``i``'s bookkeeping after a step, as in :func:`fvlib.train.train`."""
+    run = stack.runs[i]
+    run.count_step(loss)
+    evaluate, checkpoint = run.eval_due(), run.checkpoint_due(stack.stop)
+    if evaluate or checkpoint:
+        stack.sync(i)
+    if evaluate:
+        run.record_eval()
+    if checkpoint:
+        run.checkpoint()
+
+
+def train_many(
+    configs: Sequence[TrainConfig],
+    out_dirs: Sequence[str | os.PathLike | None] | None = None,
+    *,
+    resume: bool = True,
+    progress: bool = True,
+    until_step: int | None = None,
+) -> list[TrainResult]:
+    """Train every config as :func:`fvlib.train.train` would, batched (see the module docs).
+
+    Args:
+        configs: the runs (any mix; those that can be stacked are).
+        out_dirs: one directory per config (``None`` entries stay in memory), e.g.
+            ``[run_dir_for(c) for c in configs]``; ``None`` keeps every run in memory.
+        resume: continue each run from the checkpoint in its directory, as ``train`` does;
+            finished runs are loaded, not retrained.
+        progress: one tqdm bar for all the models (model steps done out of those to do).
+        until_step: stop every run after this step (with a checkpoint), as in ``train``;
+            calling again resumes. Must lie in ``[1, steps]`` for every config.
+
+    Returns:
+        One :class:`~fvlib.train.TrainResult` per config, in order; each ``model`` is on its
+        training device in eval mode, and ``seconds`` is the wall time of the whole loop.
+
+    Raises:
+        ValueError: configs that are not ``TrainConfig``, ``out_dirs`` of another length or
+            naming one directory twice, ``until_step`` out of range, and the
+            :class:`~fvlib.train.RunDirError` of a directory ``train`` would refuse.
+    """
+    configs, dirs, stops = _check_args(configs, out_dirs, until_step)
+    eval_sets: dict[tuple, list] = {}  # runs on the same evaluation contexts share them
+    runs = []
+    for config, out_dir in zip(configs, dirs):
+        run = _Run(config, out_dir, resume, eval_sets.get(_eval_set_key(config)))
+        eval_sets.setdefault(_eval_set_key(config), run.eval_batches)
+        runs.append(run)
+    for run in runs:
+        if not run.history:
+            run.record_eval()
+    stacks = _make_stacks(runs, stops)
+    total = sum((stack.stop - stack.step) * len(stack.runs) for stack in stacks)
+    bar = tqdm(total=total, disable=not progress, leave=False, desc=f"{len(configs)} models")
+    active = stacks
+    while active:
+        for stream in {id(s): s for stack in active for s in stack.streams}.values():
+            stream.draw()
+        for stack in active:
+            for i, loss in enumerate(stack.train_step()):
+                _after_step(stack, i, loss)
+            bar.update(len(stack.runs))
+        active = [stack for stack in active if stack.step < stack.stop]
+    bar.close()
+    return [run.result() for run in runs]

@@ -1,0 +1,196 @@
+"""Batched training (fvlib.batched.train_many) against training alone (fvlib.train.train)."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from fvlib.batched import train_many
+from fvlib.train import RunDirError, TrainConfig, load_run, run_dir_for, train
+
+#: Tiny but real: tree K=3 (D=7), N=32, budget 3, 40 steps.
+TINY = TrainConfig(
+    model="A",
+    depth=3,
+    n_ctx=32,
+    budget=3,
+    steps=40,
+    batch=32,
+    queries=8,
+    width=16,
+    eval_every=10,
+    eval_contexts=64,
+    checkpoint_every=15,
+    device="cpu",
+)
+#: Largest relative difference of final losses allowed between batched and alone.
+TOLERANCE = 1e-4
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
+
+
+def strip_times(history):
+    return [{k: v for k, v in entry.items() if k != "seconds"} for entry in history]
+
+
+def same_parameters(a, b) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def assert_matches_alone(batched, alone):
+    """Same history layout and step-0 entry; final losses and weights to float tolerance."""
+    assert [e["step"] for e in batched.history] == [e["step"] for e in alone.history]
+    assert strip_times(batched.history[:1]) == strip_times(alone.history[:1])
+    assert abs(batched.final_loss - alone.final_loss) <= TOLERANCE * alone.final_loss
+    for name, weight in alone.model.state_dict().items():
+        torch.testing.assert_close(batched.model.state_dict()[name], weight, rtol=1e-3, atol=1e-5)
+
+
+def seeds(config, n=3, **changes):
+    return [dataclasses.replace(config, seed=seed, **changes) for seed in range(n)]
+
+
+#: Several stacks in one call: seeds of A (one with another prior, evaluation and checkpoint
+#: period), and B and C, which cannot be stacked with A.
+MIXED = seeds(TINY, 2) + [
+    dataclasses.replace(TINY, seed=2, prior="gaussian-twin", eval_every=20, checkpoint_every=7),
+    dataclasses.replace(TINY, model="B", seed=1),
+    dataclasses.replace(TINY, model="C", seed=1, lr=1e-2),
+]
+
+
+# ----- numbers ----------------------------------------------------------------------------
+def test_batched_models_match_training_alone():
+    for batched, config in zip(train_many(MIXED, progress=False), MIXED):
+        assert batched.config == config
+        assert_matches_alone(batched, train(config, progress=False))
+
+
+def test_shared_contexts_match_training_alone_with_that_data_seed():
+    configs = seeds(TINY, 3, data_seed=7)
+    for batched, config in zip(train_many(configs, progress=False), configs):
+        assert_matches_alone(batched, train(config, progress=False))
+
+
+def test_train_many_is_bitwise_reproducible():
+    a, b = train_many(MIXED, progress=False), train_many(MIXED, progress=False)
+    for x, y in zip(a, b):
+        assert strip_times(x.history) == strip_times(y.history) and same_parameters(x.model, y.model)
+
+
+def test_data_seed_sets_the_contexts_and_the_evaluation_set(tmp_path):
+    """Two seeds with one data seed draw the same contexts; without it, different ones."""
+    configs = {
+        "a": dataclasses.replace(TINY, seed=0, data_seed=5),
+        "b": dataclasses.replace(TINY, seed=1, data_seed=5),
+        "c": dataclasses.replace(TINY, seed=1),
+    }
+    states = {}
+    for name, config in configs.items():
+        train(dataclasses.replace(config, steps=3), out_dir=tmp_path / name, progress=False)
+        with safe_open(str(tmp_path / name / "train_state.safetensors"), framework="pt") as f:
+            states[name] = f.get_tensor("generator_state")
+    assert torch.equal(states["a"], states["b"]) and not torch.equal(states["b"], states["c"])
+    assert train(configs["b"], progress=False).history[0] != train(configs["c"], progress=False).history[0]
+
+
+# ----- run directories and resumption -----------------------------------------------------
+def file_layout(run_dir):
+    """File names, config, and the names, shapes and step metadata of every tensor."""
+    layout = {"files": sorted(p.name for p in run_dir.iterdir()), "config": (run_dir / "config.json").read_text()}
+    for name in ("model.safetensors", "train_state.safetensors"):
+        with safe_open(str(run_dir / name), framework="pt") as f:
+            layout[name] = ({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}, f.metadata()["step"])
+    layout["history_step"] = json.loads((run_dir / "history.json").read_text())["step"]
+    return layout
+
+
+def test_run_directories_are_those_of_train(tmp_path):
+    configs = seeds(TINY, 2)
+    train_many(configs, [tmp_path / f"many{i}" for i in range(2)], progress=False, until_step=23)
+    for i, config in enumerate(configs):
+        train(config, out_dir=tmp_path / f"alone{i}", progress=False, until_step=23)
+        assert file_layout(tmp_path / f"many{i}") == file_layout(tmp_path / f"alone{i}")
+        model, stored, history = load_run(tmp_path / f"many{i}")
+        assert stored == config and [e["step"] for e in history] == [0, 10, 20]
+
+
+def test_an_interrupted_batch_resumes_bitwise(tmp_path):
+    dirs = [tmp_path / str(i) for i in range(len(MIXED))]
+    whole = train_many(MIXED, progress=False)
+    part = train_many(MIXED, dirs, progress=False, until_step=17)
+    assert [e["step"] for e in part[0].history] == [0, 10] and part[0].final_loss != whole[0].final_loss
+    resumed = train_many(MIXED, dirs, progress=False)
+    for x, y in zip(resumed, whole):
+        assert strip_times(x.history) == strip_times(y.history) and same_parameters(x.model, y.model)
+
+
+def test_train_many_resumes_what_train_started_and_the_other_way_round(tmp_path):
+    configs = seeds(TINY, 2)
+    alone = [train(c, progress=False) for c in configs]
+    train(configs[0], out_dir=tmp_path / "0", progress=False, until_step=20)  # started alone
+    train_many(configs[1:], [tmp_path / "1"], progress=False, until_step=20)  # started batched
+    finished = train_many(configs[:1], [tmp_path / "0"], progress=False) + [
+        train(configs[1], out_dir=tmp_path / "1", progress=False)
+    ]
+    for result, reference in zip(finished, alone):
+        assert_matches_alone(result, reference)
+
+
+def test_finished_runs_are_loaded_not_retrained(tmp_path):
+    done = train(TINY, out_dir=tmp_path / "done", progress=False)
+    fresh = dataclasses.replace(TINY, seed=1)
+    loaded, trained = train_many([TINY, fresh], [tmp_path / "done", tmp_path / "fresh"], progress=False)
+    assert strip_times(loaded.history) == strip_times(done.history) and loaded.final_loss == done.final_loss
+    assert same_parameters(loaded.model, done.model)
+    assert_matches_alone(trained, train(fresh, progress=False))
+    again = train(fresh, out_dir=tmp_path / "fresh", progress=False)  # train reloads what train_many wrote
+    assert strip_times(again.history) == strip_times(trained.history)
+
+
+def test_resume_refuses_a_directory_of_another_config(tmp_path):
+    train(TINY, out_dir=tmp_path, progress=False, until_step=5)
+    with pytest.raises(RunDirError, match="different config"):
+        train_many([dataclasses.replace(TINY, seed=3)], [tmp_path], progress=False)
+
+
+# ----- configuration and bad input ---------------------------------------------------------
+def test_run_dir_names_do_not_change():
+    """Names computed before data_seed existed (a None data seed is left out of the hash)."""
+    assert run_dir_for(TrainConfig(), "r").name == "A-tree-K6-M6-N128-s3000-ad8cdb7a2b"
+    assert run_dir_for(TrainConfig(model="B", seed=3, steps=500), "r").name == "B-tree-K6-M6-N128-s500-0ad8cd3eec"
+    assert run_dir_for(TrainConfig(data_seed=0), "r") != run_dir_for(TrainConfig(), "r")
+    assert run_dir_for(TrainConfig(data_seed=0), "r") != run_dir_for(TrainConfig(data_seed=1), "r")
+
+
+def test_configs_without_data_seed_still_load():
+    old = {k: v for k, v in TINY.to_dict().items() if k != "data_seed"}
+    assert TrainConfig.from_dict(old) == TINY and TINY.effective_data_seed == TINY.seed
+    assert dataclasses.replace(TINY, data_seed=4).effective_data_seed == 4
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "0", True])
+def test_bad_data_seed_raises_naming_the_value(bad):
+    with pytest.raises(ValueError, match=f"data_seed.*{bad!r}"):
+        dataclasses.replace(TINY, data_seed=bad)
+
+
+@pytest.mark.parametrize(
+    "configs, out_dirs, until_step, message",
+    [
+        ([], None, None, "non-empty"),
+        (TINY, None, None, "non-empty"),
+        ([TINY, TINY.to_dict()], None, None, r"configs\[1\] must be a TrainConfig, got dict"),
+        ([TINY, TINY], ["a"], None, "1 directories for 2 configs"),
+        ([TINY], "a", None, "out_dirs must be None or a list"),
+        ([TINY, TINY], ["same", "same"], None, r"out_dirs\[0\] and out_dirs\[1\] are the same directory 'same'"),
+        ([TINY], None, 0, "until_step.*got 0"),
+        ([TINY], None, TINY.steps + 1, f"until_step.*got {TINY.steps + 1}"),
+    ],
+)
+def test_bad_input_raises_naming_it(configs, out_dirs, until_step, message):
+    with pytest.raises(ValueError, match=message):
+        train_many(configs, out_dirs, progress=False, until_step=until_step)
