@@ -87,8 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     theory.add_argument("--stderr", action="store_true", help="add Monte Carlo standard errors to the JSON")
     theory.set_defaults(handler=_run_theory)
 
-    train = sub.add_parser("train", help="train model A, B or C and save a checkpoint")
+    train = sub.add_parser("train", help="train model A, B or C (or a standard transformer) and save a checkpoint")
     train.add_argument("--model", choices=["A", "B", "C"], required=True)
+    train.add_argument(
+        "--arch", choices=["constrained", "transformer", "transformer-open"], default="constrained",
+        help="constrained (models A, B, C), transformer (bottlenecked; A', B'), transformer-open",
+    )
     _add_task_args(train, ["tree", "gaussian-twin", "gaussian"])
     train.add_argument("--steps", type=_positive_int("--steps"), required=True)
     train.add_argument("--batch", type=_positive_int("--batch"), default=256)
@@ -154,7 +158,7 @@ def _run_train(args) -> dict:
     config = TrainConfig(
         model=args.model, prior=args.prior, depth=args.depth, alpha=args.alpha, n_ctx=args.n_ctx,
         noise_std=args.noise_std, budget=args.budget, steps=args.steps, batch=args.batch, lr=args.lr,
-        width=args.width, seed=args.seed, device=args.device,
+        width=args.width, seed=args.seed, device=args.device, arch=args.arch,
     )
     result = train(config, out_dir=args.out, progress=not args.no_progress)
     return {
