@@ -284,8 +284,27 @@ def test_train_config_arch():
 
 
 def test_run_dir_names():
-    constrained = TrainConfig(model="A", depth=4, budget=4, n_ctx=128, steps=500)
-    # the name runs had before the arch field existed (a run cached by the book)
+    # a run the book cached before the arch field existed keeps its name
+    # (the config.json of book/.fvlib_runs/A-tree-K4-M4-N128-s500-ebca83d8aa, written by main)
+    stored = {'model': 'A',
+               'prior': 'tree',
+               'depth': 4,
+               'alpha': 0.5,
+               'n_ctx': 128,
+               'noise_std': 0.0,
+               'budget': 4,
+               'steps': 500,
+               'batch': 128,
+               'lr': 0.003,
+               'queries': 64,
+               'width': 128,
+               'hidden_layers': 2,
+               'seed': 0,
+               'eval_every': 100,
+               'eval_contexts': 2048,
+               'checkpoint_every': 500,
+               'device': 'cpu'}
+    constrained = TrainConfig.from_dict(stored)
     assert run_dir_for(constrained, "r").name == "A-tree-K4-M4-N128-s500-ebca83d8aa"
     bottlenecked = dataclasses.replace(constrained, arch="transformer")
     open_ = dataclasses.replace(constrained, arch="transformer-open")
