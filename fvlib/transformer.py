@@ -28,15 +28,16 @@ Arrangements (``d`` = value rank per layer, ``L`` = depth, budget ``M = d L``):
   per layer; then an MLP. Queries can weight the context by ``x_q``-dependent attention
   (kernel regression), so the limit of ``d`` numbers per layer does not bind.
 
-Training. :func:`fvlib.train.train` trains these models (``TrainConfig(arch="transformer")``
-or ``arch="transformer-open"``; ``width`` is ``d_model``). What the bottlenecked model A' needs
-on a CPU budget, measured on the tree (``K = 3``, ``alpha = 0.7``, ``N = 32``, ``sigma = 0``,
-``M = 3``; batch 64, ``d_model`` 32, 1000 steps, Adam with cosine decay): the number of query
+Training. :func:`fvlib.train.train` trains these models (``TrainConfig(arch="transformer")`` or
+``arch="transformer-open"``; ``width`` is ``d_model``). What the bottlenecked model A' needs on
+a CPU budget, measured on the tree (``K = 3``, ``alpha = 0.7``, ``N = 32``, ``sigma = 0``, ``M
+= 3``; batch 64, ``d_model`` 32, 1000 steps, Adam with cosine decay): the number of query
 tokens per context matters most (16 queries: excess loss 0.26 at lr ``2e-3``; 32 queries:
 0.039), then the learning rate (16 queries: 0.85 at ``5e-3``, diverged at ``1e-2``, 0.061 at
 ``1e-3``); the ``y_i x_i`` features changed little at these settings (``raw`` 0.27 against
-``product`` 0.26 at 16 queries and lr ``2e-3``). Single runs, seed 0; the book's training
-defaults (lr ``3e-3``, 64 queries, width 128) are the constrained models'.
+``product`` 0.26 at 16 queries and lr ``2e-3``; at ``5e-3`` 0.54 against 0.85). Single runs,
+seed 0; the book's training defaults (lr ``3e-3``, 64 queries, width 128) are the constrained
+models'.
 
 Hook points (names are module paths; layers numbered from 1, as in the book)::
 
