@@ -9,6 +9,8 @@ imports only from the layers below it (``tests/test_import_layers.py`` checks th
     task                      in-context regression contexts, labels and queries
     theory                    exact posteriors, strategies, dynamic programming, closed forms, fits
     models                    the constrained linear-attention transformer (models A, B, C), hooks
+    transformer               standard transformers (softmax attention, MLPs; bottlenecked and
+                              open arrangements, models A' and B') with the same hooks
     train                     training, checkpoints and resume, evaluation beside theory
     batched                   many training runs in one loop (stacked parameters, vmap)
     patching                  key patching (model and theory), transplants, probes
@@ -31,8 +33,8 @@ from .priors import GaussianPrior, TreePrior, make_prior  # noqa: E402
 from .task import TaskBatch, make_generator, sample_task  # noqa: E402
 
 # The heavier layers are imported on first use: ``fvlib.theory``, ``fvlib.models``,
-# ``fvlib.train``, ``fvlib.batched``, ``fvlib.patching``, ``fvlib.experiments``,
-# ``fvlib.plots``.
+# ``fvlib.transformer``, ``fvlib.train``, ``fvlib.batched``, ``fvlib.patching``,
+# ``fvlib.experiments``, ``fvlib.plots``.
 
 __all__ = [
     "__version__",

@@ -87,12 +87,17 @@ def build_parser() -> argparse.ArgumentParser:
     theory.add_argument("--stderr", action="store_true", help="add Monte Carlo standard errors to the JSON")
     theory.set_defaults(handler=_run_theory)
 
-    train = sub.add_parser("train", help="train model A, B or C and save a checkpoint")
+    train = sub.add_parser("train", help="train model A, B or C (or a standard transformer) and save a checkpoint")
     train.add_argument("--model", choices=["A", "B", "C"], required=True)
+    train.add_argument(
+        "--arch", choices=["constrained", "transformer", "transformer-open"], default="constrained",
+        help="constrained (models A, B, C), transformer (bottlenecked; A', B'), transformer-open",
+    )
     _add_task_args(train, ["tree", "gaussian-twin", "gaussian"])
     train.add_argument("--steps", type=_positive_int("--steps"), required=True)
     train.add_argument("--batch", type=_positive_int("--batch"), default=256)
     train.add_argument("--lr", type=_number("--lr", 0.0, None, low_open=True), default=3e-3)
+    train.add_argument("--queries", type=_positive_int("--queries"), default=64, help="query tokens per training context")
     train.add_argument("--width", type=_positive_int("--width"), default=128)
     train.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda, ...")
     train.add_argument("--out", required=True, help="run directory (resumed if it holds a checkpoint)")
@@ -154,8 +159,8 @@ def _run_train(args) -> dict:
         raise CliError(f"--seed must be >= 0, got {args.seed}")
     config = TrainConfig(
         model=args.model, prior=args.prior, depth=args.depth, alpha=args.alpha, n_ctx=args.n_ctx,
-        noise_std=args.noise_std, budget=args.budget, steps=args.steps, batch=args.batch, lr=args.lr,
-        width=args.width, seed=args.seed, device=args.device,
+        noise_std=args.noise_std, budget=args.budget, steps=args.steps, batch=args.batch, lr=args.lr, queries=args.queries,
+        width=args.width, seed=args.seed, device=args.device, arch=args.arch,
     )
     result = train(config, out_dir=args.out, progress=not args.no_progress)
     return {

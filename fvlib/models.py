@@ -70,6 +70,7 @@ __all__ = [
     "HookPoint",
     "HookHandle",
     "ActivationCache",
+    "HookedModel",
     "FVTransformer",
     "model_a",
     "model_b",
@@ -248,6 +249,71 @@ def _names_filter(names_filter) -> Callable[[str], bool]:
         return names_filter
     patterns = [names_filter] if isinstance(names_filter, str) else list(names_filter)
     return lambda name: any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+class HookedModel(nn.Module):
+    """The hook machinery shared by fvlib's models (:class:`FVTransformer` here, the standard
+    transformers of :mod:`fvlib.transformer`): a subclass builds its modules, then calls
+    :meth:`_register_hook_points`, which names every :class:`HookPoint` after its module path."""
+
+    def _register_hook_points(self) -> None:
+        self._hook_points = {name: m for name, m in self.named_modules() if isinstance(m, HookPoint)}
+        for name, hook_point in self._hook_points.items():
+            hook_point.name = name
+
+    def hook_names(self) -> list[str]:
+        """All hook names in forward order (for :class:`FVTransformer`: per layer keys, phi,
+        workspace; then theta_hat, prediction)."""
+        return list(self._hook_points)
+
+    def _check_hook_names(self, names: Iterable[str]) -> None:
+        unknown = [n for n in names if n not in self._hook_points]
+        if unknown:
+            raise ValueError(f"unknown hook names {unknown}; known: {self.hook_names()}")
+
+    @contextlib.contextmanager
+    def hooks(self, fwd_hooks: Iterable[tuple[str, HookFn]] = ()):
+        """Context manager that adds ``(name, fn)`` hooks and removes them on exit."""
+        fwd_hooks = list(fwd_hooks)
+        self._check_hook_names([name for name, _ in fwd_hooks])
+        handles: list[HookHandle] = []
+        try:
+            for name, fn in fwd_hooks:
+                handles.append(self._hook_points[name].add_hook(fn))
+            yield self
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def run_with_hooks(self, batch_or_x, *args, fwd_hooks: Iterable[tuple[str, HookFn]] = ()) -> torch.Tensor:
+        """Forward pass (same arguments as :meth:`forward`) with temporary hooks."""
+        with self.hooks(fwd_hooks):
+            return self(batch_or_x, *args)
+
+    def run_with_cache(
+        self, batch_or_x, *args, names_filter=None, detach: bool = True
+    ) -> tuple[torch.Tensor, ActivationCache]:
+        """Forward pass that records activations.
+
+        Args:
+            names_filter: ``None`` (all hooks), a name or glob pattern (``"blocks.*.hook_keys"``),
+                a list of them, or a predicate on names.
+            detach: detach the cached tensors from the autograd graph.
+
+        Returns:
+            ``(y_hat_q, cache)``; ``cache[name]`` is the activation *after* any hook on it.
+        """
+        keep = _names_filter(names_filter)
+        activations: dict[str, torch.Tensor] = {}
+
+        def record(tensor, hook):
+            activations[hook.name] = tensor.detach() if detach else tensor
+
+        names = [n for n in self.hook_names() if keep(n)]
+        if isinstance(names_filter, (str, list, tuple)) and not names:
+            raise ValueError(f"names_filter {names_filter!r} matches no hook; known: {self.hook_names()}")
+        prediction = self.run_with_hooks(batch_or_x, *args, fwd_hooks=[(n, record) for n in names])
+        return prediction, ActivationCache({n: activations[n] for n in names})
 
 
 # ----------------------------------------------------------------------------------------
@@ -440,7 +506,7 @@ class Block(nn.Module):
 # ----------------------------------------------------------------------------------------
 # The model
 # ----------------------------------------------------------------------------------------
-class FVTransformer(nn.Module):
+class FVTransformer(HookedModel):
     """Constrained linear-attention transformer with a growing workspace (see module docs).
 
     ``forward(batch)`` or ``forward(x, y, x_query)`` returns the query predictions
@@ -462,9 +528,7 @@ class FVTransformer(nn.Module):
             nn.init.zeros_(self.decoder.weight)
         self.hook_theta_hat = HookPoint()
         self.hook_prediction = HookPoint()
-        self._hook_points = {name: m for name, m in self.named_modules() if isinstance(m, HookPoint)}
-        for name, hook_point in self._hook_points.items():
-            hook_point.name = name
+        self._register_hook_points()
         layer_hooks = [hook_name(kind, l) for l in range(1, config.n_layers + 1) for kind in LAYER_HOOKS]
         assert list(self._hook_points) == layer_hooks + [hook_name(kind) for kind in MODEL_HOOKS]
 
@@ -532,60 +596,6 @@ class FVTransformer(nn.Module):
             )
         dtype = next(self.parameters()).dtype
         return x.to(dtype), y.to(dtype), x_query.to(dtype)
-
-    # ----- hooks -----------------------------------------------------------------------
-    def hook_names(self) -> list[str]:
-        """All hook names in forward order: per layer keys, phi, workspace; then theta_hat, prediction."""
-        return list(self._hook_points)
-
-    def _check_hook_names(self, names: Iterable[str]) -> None:
-        unknown = [n for n in names if n not in self._hook_points]
-        if unknown:
-            raise ValueError(f"unknown hook names {unknown}; known: {self.hook_names()}")
-
-    @contextlib.contextmanager
-    def hooks(self, fwd_hooks: Iterable[tuple[str, HookFn]] = ()):
-        """Context manager that adds ``(name, fn)`` hooks and removes them on exit."""
-        fwd_hooks = list(fwd_hooks)
-        self._check_hook_names([name for name, _ in fwd_hooks])
-        handles: list[HookHandle] = []
-        try:
-            for name, fn in fwd_hooks:
-                handles.append(self._hook_points[name].add_hook(fn))
-            yield self
-        finally:
-            for handle in handles:
-                handle.remove()
-
-    def run_with_hooks(self, batch_or_x, *args, fwd_hooks: Iterable[tuple[str, HookFn]] = ()) -> torch.Tensor:
-        """Forward pass (same arguments as :meth:`forward`) with temporary hooks."""
-        with self.hooks(fwd_hooks):
-            return self(batch_or_x, *args)
-
-    def run_with_cache(
-        self, batch_or_x, *args, names_filter=None, detach: bool = True
-    ) -> tuple[torch.Tensor, ActivationCache]:
-        """Forward pass that records activations.
-
-        Args:
-            names_filter: ``None`` (all hooks), a name or glob pattern (``"blocks.*.hook_keys"``),
-                a list of them, or a predicate on names.
-            detach: detach the cached tensors from the autograd graph.
-
-        Returns:
-            ``(y_hat_q, cache)``; ``cache[name]`` is the activation *after* any hook on it.
-        """
-        keep = _names_filter(names_filter)
-        activations: dict[str, torch.Tensor] = {}
-
-        def record(tensor, hook):
-            activations[hook.name] = tensor.detach() if detach else tensor
-
-        names = [n for n in self.hook_names() if keep(n)]
-        if isinstance(names_filter, (str, list, tuple)) and not names:
-            raise ValueError(f"names_filter {names_filter!r} matches no hook; known: {self.hook_names()}")
-        prediction = self.run_with_hooks(batch_or_x, *args, fwd_hooks=[(n, record) for n in names])
-        return prediction, ActivationCache({n: activations[n] for n in names})
 
     def extra_repr(self) -> str:
         c = self.config

@@ -42,6 +42,7 @@ from tqdm.auto import tqdm
 
 from ._checks import check_int, check_number, is_int
 from .models import MODEL_KINDS, FVTransformer, ModelConfig, model_config
+from .transformer import StandardTransformer, TransformerConfig, transformer_config
 from .priors import Prior, TreePrior, make_prior
 from .stats import mean_and_stderr, squared_error
 from .task import TaskBatch, check_task_args, make_generator, sample_task
@@ -49,6 +50,7 @@ from .theory import channel_tau2, evaluate_strategies, gaussian_coordinate_loss
 
 __all__ = [
     "PRIOR_KINDS",
+    "ARCHS",
     "EVAL_SEED_OFFSET",
     "TrainConfig",
     "TrainResult",
@@ -71,6 +73,8 @@ __all__ = [
 ]
 
 PRIOR_KINDS = ("tree", "gaussian-twin", "gaussian")
+#: ``arch -> transformer arrangement``; ``"constrained"`` is the book's models A, B, C.
+ARCHS = {"constrained": None, "transformer": "bottlenecked", "transformer-open": "open"}
 #: The evaluation contexts are drawn with ``effective_data_seed + EVAL_SEED_OFFSET``, never seen
 #: in training.
 EVAL_SEED_OFFSET = 10_000
@@ -112,6 +116,10 @@ class TrainConfig:
         eval_every, eval_contexts: evaluation period (steps) and evaluation set size.
         checkpoint_every: checkpoint period (steps); the last step is always checkpointed.
         device: ``'auto'`` (CUDA when available), ``'cpu'``, ``'cuda'``, ...
+        arch: ``'constrained'`` (models A, B, C of :mod:`fvlib.models`), ``'transformer'``
+            (the bottlenecked standard transformer of :mod:`fvlib.transformer`, models A' and
+            B') or ``'transformer-open'`` (its open arrangement); for transformers ``width`` is
+            ``d_model`` and ``hidden_layers`` is unused.
     """
 
     model: str = "A"
@@ -133,10 +141,14 @@ class TrainConfig:
     eval_contexts: int = 2048
     checkpoint_every: int = 500
     device: str = "auto"
+    arch: str = "constrained"
 
     def __post_init__(self):
-        if self.model not in MODEL_KINDS:
-            raise ValueError(f"model must be one of {MODEL_KINDS}, got {self.model!r}")
+        if self.arch not in ARCHS:
+            raise ValueError(f"arch must be one of {tuple(ARCHS)}, got {self.arch!r}")
+        kinds = MODEL_KINDS if self.arch == "constrained" else ("A", "B")
+        if self.model not in kinds:
+            raise ValueError(f"model must be one of {kinds} for arch {self.arch!r}, got {self.model!r}")
         if self.prior not in PRIOR_KINDS:
             raise ValueError(f"prior must be one of {PRIOR_KINDS}, got {self.prior!r}")
         for name in (
@@ -179,8 +191,10 @@ class TrainConfig:
         """The seed of the training contexts (and, plus 10_000, of the evaluation set)."""
         return self.seed if self.data_seed is None else self.data_seed
 
-    def model_config(self) -> ModelConfig:
+    def model_config(self) -> ModelConfig | TransformerConfig:
         """The architecture this run trains."""
+        if self.arch != "constrained":
+            return transformer_config(self.model, 2**self.depth - 1, self.budget, ARCHS[self.arch], d_model=self.width)
         return model_config(self.model, 2**self.depth - 1, self.budget, self.width, self.hidden_layers)
 
 
@@ -227,11 +241,17 @@ def build_prior(config: TrainConfig) -> Prior:
     return make_prior(config.prior, config.depth, config.alpha)
 
 
-def build_model(config: TrainConfig) -> FVTransformer:
+def _model_from_config(model_config: ModelConfig | TransformerConfig) -> FVTransformer | StandardTransformer:
+    if isinstance(model_config, TransformerConfig):
+        return StandardTransformer(model_config)
+    return FVTransformer(model_config)
+
+
+def build_model(config: TrainConfig) -> FVTransformer | StandardTransformer:
     """The untrained model, initialised from ``config.seed`` (the global RNG is left untouched)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        return FVTransformer(config.model_config())
+        return _model_from_config(config.model_config())
 
 
 def lr_at(step: int, config: TrainConfig) -> float:
@@ -275,9 +295,13 @@ def _evaluate_batches(model: FVTransformer, batches: list[TaskBatch]) -> dict:
     model.eval()
     for batch in batches:
         batch = batch.to(device)
-        theta_hat = model.predict_theta(batch)
-        excess.append(squared_error(theta_hat, batch.theta).double().cpu())
-        y_hat = (theta_hat * batch.x_query).sum(-1)
+        if isinstance(model, FVTransformer):
+            theta_hat = model.predict_theta(batch)
+            excess.append(squared_error(theta_hat, batch.theta).double().cpu())
+            y_hat = (theta_hat * batch.x_query).sum(-1)
+        else:  # a prediction that need not be linear in x_q: against the noise-free target
+            y_hat = model(batch)
+            excess.append(((y_hat - (batch.theta * batch.x_query).sum(-1)) ** 2).double().cpu())
         query.append(((y_hat - batch.y_query) ** 2).double().cpu())
     model.train(was_training)
     excess_all, query_all = torch.cat(excess), torch.cat(query)
@@ -294,6 +318,10 @@ def evaluate(
     model: FVTransformer, prior: Prior, n_ctx: int, noise_std: float, contexts: int = 4000, seed: int = 0
 ) -> dict:
     """Excess and query loss of ``model`` on ``contexts`` fresh contexts drawn with ``seed``.
+
+    For a :class:`~fvlib.transformer.StandardTransformer` (no ``theta_hat``) the excess loss
+    is ``E(y_hat_q - <theta, x_q>)^2`` over the contexts' query tokens, which equals
+    ``E|theta_hat - theta|^2`` for a prediction linear in ``x_q``.
 
     Returns:
         dict with ``excess_loss`` (``E|theta_hat - theta|^2``), ``stderr`` (its standard
@@ -352,10 +380,12 @@ def _write_config(out_dir: Path, config: TrainConfig, model: FVTransformer) -> N
     _atomic_write_text(out_dir / CONFIG_FILE, json.dumps(payload, indent=2) + "\n")
 
 
-def _read_config(run_dir: Path) -> tuple[TrainConfig, ModelConfig]:
+def _read_config(run_dir: Path) -> tuple[TrainConfig, ModelConfig | TransformerConfig]:
     payload = _read_json(run_dir / CONFIG_FILE)
     try:
-        return TrainConfig.from_dict(payload["train"]), ModelConfig.from_dict(payload["model"])
+        config = TrainConfig.from_dict(payload["train"])
+        kind = ModelConfig if config.arch == "constrained" else TransformerConfig
+        return config, kind.from_dict(payload["model"])
     except (KeyError, TypeError, ValueError) as err:
         raise RunDirError(f"invalid run config in {run_dir / CONFIG_FILE}: {err}") from None
 
@@ -426,7 +456,7 @@ def load_run(run_dir: str | os.PathLike) -> tuple[FVTransformer, TrainConfig, li
     if not run_dir.is_dir():
         raise RunDirError(f"run directory {run_dir} does not exist")
     config, model_config = _read_config(run_dir)
-    model = FVTransformer(model_config)
+    model = _model_from_config(model_config)
     step = _load_model_weights(model, run_dir / MODEL_FILE)
     history_step, history = _read_history(run_dir)
     if history_step != step:
@@ -649,7 +679,7 @@ def train(
         run.record_eval()
     run.model.train()
     bar = tqdm(
-        total=config.steps, initial=run.step, disable=not progress_shown(progress), desc=f"model {config.model}", leave=False
+        total=config.steps, initial=run.step, disable=not progress_shown(progress), desc=f"model {config.model}" + ("" if config.arch == "constrained" else f" ({config.arch})"), leave=False
     )
     while run.step < stop:
         run.train_step()
@@ -730,6 +760,9 @@ def run_dir_for(config: TrainConfig, root: str | os.PathLike | None = None) -> P
         for k, v in config.to_dict().items()
         if k not in RESUMABLE_FIELDS and not (k == "data_seed" and v is None)
     }
+    if config.arch == "constrained":  # the names runs had before ``arch`` existed
+        del fields_that_matter["arch"]
     digest = hashlib.sha256(json.dumps(fields_that_matter, sort_keys=True).encode()).hexdigest()[:10]
-    name = f"{config.model}-{config.prior}-K{config.depth}-M{config.budget}-N{config.n_ctx}-s{config.steps}-{digest}"
+    prefix = "" if config.arch == "constrained" else f"{config.arch}-"
+    name = f"{prefix}{config.model}-{config.prior}-K{config.depth}-M{config.budget}-N{config.n_ctx}-s{config.steps}-{digest}"
     return root / name
