@@ -173,7 +173,8 @@ def seed_configs(config: TrainConfig, seeds: Sequence[int]) -> list[TrainConfig]
     return [config if s == config.seed else replace(config, seed=s, data_seed=data) for s in seeds]
 
 
-def train_seeds(configs: Mapping, seeds: Sequence[int], progress: bool = True) -> dict:
+def train_seeds(configs: Mapping, seeds: Sequence[int], progress: bool = True,
+                threads: int | None = None) -> dict:
     """Train (or reload) every config of ``configs`` at every seed (:func:`seed_configs`).
 
     The run at a config's own seed is trained alone, as :func:`train_all` does, so it is
@@ -182,6 +183,9 @@ def train_seeds(configs: Mapping, seeds: Sequence[int], progress: bool = True) -
     call (their final losses agree with training each alone to a relative ``1e-4``). Every run
     goes to its :func:`~fvlib.train.run_dir_for` directory.
 
+    ``threads``: torch CPU threads of the batched call (:func:`fvlib.batched.train_many`); the
+    runs at the configs' own seeds keep the current setting, so they stay bitwise those runs.
+
     Returns ``{key: [TrainResult, one per seed in the order of seeds]}``.
     """
     per_key = {key: seed_configs(cfg, seeds) for key, cfg in configs.items()}
@@ -189,7 +193,7 @@ def train_seeds(configs: Mapping, seeds: Sequence[int], progress: bool = True) -
              for key, cfg in configs.items() if cfg.seed in seeds}
     extra = [(key, c) for key, cfgs in per_key.items() for c in cfgs if c is not configs[key]]
     batched = train_many([c for _, c in extra], [run_dir_for(c) for _, c in extra],
-                         progress=progress) if extra else []
+                         progress=progress, threads=threads) if extra else []
     done = dict(zip([(key, c.seed) for key, c in extra], batched))
     return {key: [alone[key] if c is configs[key] else done[(key, c.seed)] for c in cfgs]
             for key, cfgs in per_key.items()}
@@ -230,6 +234,7 @@ def depth_sweep(
     models: Sequence[str] = ("A", "B"),
     progress: bool = True,
     seeds: Sequence[int] = (0,),
+    threads: int | None = None,
     **config,
 ) -> DepthSweep:
     """Train ``TrainConfig(model=X, budget=M, seed=s, **config)`` for every model, budget and seed.
@@ -240,7 +245,8 @@ def depth_sweep(
     seeds of a point share their data (:func:`seed_configs`: the contexts and evaluation set
     of ``data_seed`` if given, else of the first seed), and so do all the points, whose stacks
     then read one draw of contexts per step. The reported loss is the final evaluation
-    (``history[-1]``: ``eval_contexts`` fresh contexts, the same for every point).
+    (``history[-1]``: ``eval_contexts`` fresh contexts, the same for every point). ``threads``:
+    torch CPU threads of that call (``None``: the current setting).
     """
     seeds = _check_seeds(seeds)
     config = dict(config)
@@ -252,7 +258,7 @@ def depth_sweep(
         per_seed = [seed_configs(c, seeds) for c in first]  # (budgets, seeds)
         grid[model] = [[per_seed[j][i] for j in range(len(first))] for i in range(len(seeds))]
     flat = [c for model in models for row in grid[model] for c in row]
-    results = iter(train_many(flat, [run_dir_for(c) for c in flat], progress=progress))
+    results = iter(train_many(flat, [run_dir_for(c) for c in flat], progress=progress, threads=threads))
     for model in models:
         res = [[next(results) for _ in row] for row in grid[model]]  # (seeds, budgets)
         out.configs[model] = [c for row in grid[model] for c in row]

@@ -38,8 +38,8 @@ names are also the module paths (``model.blocks["1"].hook_keys``):
 
 :func:`hook_name` builds every name (``hook_name("keys", l)``, ``hook_name("theta_hat")``).
 A hook is ``fn(tensor, hook) -> tensor | None``; returning ``None`` keeps the tensor and
-``hook.name`` is the hook's name. Use :meth:`FVTransformer.run_with_cache`,
-:meth:`FVTransformer.run_with_hooks` or the context manager :meth:`FVTransformer.hooks`;
+``hook.name`` is the hook's name. Use :meth:`HookedModel.run_with_cache`,
+:meth:`HookedModel.run_with_hooks` or the context manager :meth:`HookedModel.hooks`;
 :meth:`HookPoint.add_hook` returns a :class:`HookHandle` whose ``remove()`` takes the hook out.
 """
 
@@ -254,7 +254,7 @@ def _names_filter(names_filter) -> Callable[[str], bool]:
 class HookedModel(nn.Module):
     """The hook machinery shared by fvlib's models (:class:`FVTransformer` here, the standard
     transformers of :mod:`fvlib.transformer`): a subclass builds its modules, then calls
-    :meth:`_register_hook_points`, which names every :class:`HookPoint` after its module path."""
+    ``_register_hook_points``, which names every :class:`HookPoint` after its module path."""
 
     def _register_hook_points(self) -> None:
         self._hook_points = {name: m for name, m in self.named_modules() if isinstance(m, HookPoint)}
@@ -286,7 +286,7 @@ class HookedModel(nn.Module):
                 handle.remove()
 
     def run_with_hooks(self, batch_or_x, *args, fwd_hooks: Iterable[tuple[str, HookFn]] = ()) -> torch.Tensor:
-        """Forward pass (same arguments as :meth:`forward`) with temporary hooks."""
+        """Forward pass (same arguments as ``forward``) with temporary hooks."""
         with self.hooks(fwd_hooks):
             return self(batch_or_x, *args)
 

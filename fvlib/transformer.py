@@ -56,8 +56,9 @@ Hook points (names are module paths; layers numbered from 1, as in the book)::
     hook_prediction            (B, Q) (or (B,) for one query token per context)
 
 with ``T = N + Q`` (context tokens first), ``h = head_dim``, ``D_m = d_model``.
-:func:`transformer_hook_name` builds the names; the hooks themselves (:meth:`hooks`,
-:meth:`run_with_hooks`, :meth:`run_with_cache`) are those of :class:`fvlib.models.HookedModel`.
+:func:`transformer_hook_name` builds the names; the hooks themselves
+(:meth:`fvlib.models.HookedModel.hooks`, :meth:`fvlib.models.HookedModel.run_with_hooks`,
+:meth:`fvlib.models.HookedModel.run_with_cache`) are those of :class:`fvlib.models.HookedModel`.
 """
 
 from __future__ import annotations

@@ -194,3 +194,28 @@ def test_bad_data_seed_raises_naming_the_value(bad):
 def test_bad_input_raises_naming_it(configs, out_dirs, until_step, message):
     with pytest.raises(ValueError, match=message):
         train_many(configs, out_dirs, progress=False, until_step=until_step)
+
+
+def test_threads_are_set_for_the_loop_and_restored(monkeypatch):
+    import torch
+
+    from fvlib.batched import train_many
+    from fvlib.train import TrainConfig
+
+    seen = []
+    import fvlib.batched as batched
+
+    original = batched._make_stacks
+
+    def spy(runs, stops):
+        seen.append(torch.get_num_threads())
+        return original(runs, stops)
+
+    monkeypatch.setattr(batched, "_make_stacks", spy)
+    before = torch.get_num_threads()
+    config = TrainConfig(model="B", depth=2, budget=2, n_ctx=8, steps=2, batch=4, eval_every=2,
+                         eval_contexts=16, width=8)
+    train_many([config], progress=False, threads=1 if before != 1 else 2)
+    assert seen == [1 if before != 1 else 2] and torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="threads"):
+        train_many([config], progress=False, threads=0)
