@@ -179,6 +179,9 @@ def _run_patch(args) -> dict:
     from .train import build_prior, load_run
 
     model, config, _ = load_run(args.run)
+    if config.arch != "constrained":
+        raise CliError(f"patch supports runs of the constrained models A, B, C (--arch constrained); "
+                       f"{args.run} is an --arch {config.arch} run")
     prior = build_prior(config)
     if not isinstance(prior, TreePrior):
         raise CliError(f"patching needs a run trained on the tree prior, {args.run} used {config.prior!r}")
