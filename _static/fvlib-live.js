@@ -557,7 +557,8 @@
                          x: {domain: [0.5, s.layer_axis.length + 0.5], label: "layers L"}, y: y});
     a.line(s.layer_axis, s.layer_axis.map(() => s.gaussian_loss), {color: c.gaussian, dash: "6 4", marker: 2.5, series: "gaussian_by_layers"});
     a.line(s.layer_axis, s.tree_by_layers, {color: c.tree, marker: 3, series: "tree_by_layers"});
-    ctx.el("svg:circle", {cx: a.x(L), cy: a.y(s.tree_loss), r: 8, fill: "none", stroke: c.mark, "stroke-width": 1.5}, a.svg);
+    ctx.el("svg:circle", {cx: a.x(L), cy: a.y(s.tree_loss), r: 8, fill: "none", stroke: c.mark, "stroke-width": 1.5,
+                          "data-series": "selection", "data-values": `${M},${L}`}, a.svg);
     ctx.legend(a, [{color: c.tree, label: "tree (adaptive)"}, {color: c.gaussian, dash: true, label: "Gaussian twin"},
                    {color: c.mark, label: `L = ${L}`}]);
     const b = ctx.panel({title: `loss against the budget at L = ${L}`, height: 250,
