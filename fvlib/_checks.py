@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["is_int", "check_int", "check_number"]
+__all__ = ["is_int", "check_int", "check_number", "dataclass_from_dict"]
 
 
 def is_int(value) -> bool:
@@ -56,3 +56,17 @@ def _number_range(low, high, low_open: bool) -> str:
     if low == 0:
         return "a positive number" if low_open else "a non-negative number"
     return f"a number > {low}" if low_open else f"a number >= {low}"
+
+
+def dataclass_from_dict(cls, data, what: str):
+    """``cls(**data)`` for a dataclass ``cls``; a ``data`` that is not a mapping, or that has keys
+    ``cls`` does not know, raises ``ValueError`` naming them (``what``: e.g. ``"model config"``)."""
+    from collections.abc import Mapping
+    from dataclasses import fields
+
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{what} must be a mapping, got {type(data).__name__}")
+    unknown = sorted(set(data) - {f.name for f in fields(cls)})
+    if unknown:
+        raise ValueError(f"unknown {what} keys: {unknown}")
+    return cls(**data)

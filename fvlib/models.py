@@ -50,12 +50,12 @@ import fnmatch
 import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
 
-from ._checks import check_int
+from ._checks import check_int, dataclass_from_dict
 from .priors import Prior
 from .task import TaskBatch
 
@@ -132,13 +132,7 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, data: Mapping) -> "ModelConfig":
         """Build from a dict; unknown keys raise ``ValueError`` naming them."""
-        if not isinstance(data, Mapping):
-            raise ValueError(f"model config must be a mapping, got {type(data).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown model config keys: {unknown}")
-        return cls(**data)
+        return dataclass_from_dict(cls, data, "model config")
 
 
 # ----------------------------------------------------------------------------------------

@@ -65,13 +65,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ._checks import check_int
+from ._checks import check_int, dataclass_from_dict
 from .models import MODEL_KINDS, HookedModel, HookPoint
 from .priors import Prior
 from .task import TaskBatch
@@ -148,12 +148,7 @@ class TransformerConfig:
     @classmethod
     def from_dict(cls, data: Mapping) -> "TransformerConfig":
         """Build from a dict; unknown keys raise ``ValueError`` naming them."""
-        if not isinstance(data, Mapping):
-            raise ValueError(f"transformer config must be a mapping, got {type(data).__name__}")
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ValueError(f"unknown transformer config keys: {unknown}")
-        return cls(**data)
+        return dataclass_from_dict(cls, data, "transformer config")
 
 
 def transformer_hook_name(kind: str, layer: int | str | None = None) -> str:
