@@ -554,7 +554,7 @@
     const top = 1.05 * Math.max(...s.gaussian_by_budget, ...s.tree_by_budget, ...s.tree_by_layers);
     const y = {domain: [-0.02 * top, top], label: "excess loss (no noise)"};
     const a = ctx.panel({title: `budget M = ${M} split evenly over L layers`, height: 250,
-                         x: {domain: [0.5, s.layer_axis.length + 0.5], label: "layers L"}, y: y});
+                         x: {domain: [0.5, s.layer_axis.length + 0.5], ticks: s.layer_axis.filter((t) => t === Math.round(t) && (s.layer_axis.length <= 12 || t % 2 === 1)), label: "layers L"}, y: y});
     a.line(s.layer_axis, s.layer_axis.map(() => s.gaussian_loss), {color: c.gaussian, dash: "6 4", marker: 2.5, series: "gaussian_by_layers"});
     a.line(s.layer_axis, s.tree_by_layers, {color: c.tree, marker: 3, series: "tree_by_layers"});
     ctx.el("svg:circle", {cx: a.x(L), cy: a.y(s.tree_loss), r: 8, fill: "none", stroke: c.mark, "stroke-width": 1.5,
@@ -562,7 +562,7 @@
     ctx.legend(a, [{color: c.tree, label: "tree (adaptive)"}, {color: c.gaussian, dash: true, label: "Gaussian twin"},
                    {color: c.mark, label: `L = ${L}`}]);
     const b = ctx.panel({title: `loss against the budget at L = ${L}`, height: 250,
-                         x: {domain: [0.5, s.budget_axis.length + 0.5], label: "budget M"}, y: y});
+                         x: {domain: [0.5, s.budget_axis.length + 0.5], ticks: s.budget_axis.filter((t) => t === Math.round(t) && (s.budget_axis.length <= 12 || t % 2 === 1)), label: "budget M"}, y: y});
     b.line(s.budget_axis, s.gaussian_by_budget, {color: c.gaussian, dash: "6 4", marker: 2.5, series: "gaussian_by_budget"});
     b.line(s.budget_axis, s.tree_by_budget, {color: c.tree, marker: 3, series: "tree_by_budget"});
     ctx.el("svg:circle", {cx: b.x(M), cy: b.y(s.tree_loss), r: 8, fill: "none", stroke: c.mark, "stroke-width": 1.5}, b.svg);

@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
+from matplotlib.ticker import MaxNLocator
 
 from ..patching import patching_ratio
 from ..priors import TreePrior
@@ -255,6 +256,7 @@ def plot_layer_split_state(state: Mapping, figure=None) -> Figure:
     top = 1.05 * max(max(state["gaussian_by_budget"]), max(state["tree_by_budget"]))
     for ax in (left, right):
         ax.set_ylim(-0.02 * top, top)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers and budgets are counts
         ax.grid(alpha=0.3)
     sizes = state["layer_sizes"]
     shown = ", ".join(map(str, sizes[:8])) + (", ..." if len(sizes) > 8 else "")
