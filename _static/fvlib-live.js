@@ -350,7 +350,7 @@
     const s = ctx.state, sh = ctx.shared, K = s.depth, D = s.dim;
     const tree = ctx.panel({title: `tree prior, K = ${K}, alpha = ${ctx.fixed(s.alpha, 2)}: one path per context`,
                             noAxes: true, height: 230});
-    const top = tree.m.top + 10, bottom = tree.height - 18, left = 14, right = tree.width - 14;
+    const top = tree.m.top + 10, bottom = tree.height - 30, left = 14, right = tree.width - 14;
     const pos = (n) => {
       const k = Math.floor(Math.log2(n + 1)), i = n + 1 - Math.pow(2, k);
       return [left + (i + 0.5) / Math.pow(2, k) * (right - left), top + (K > 1 ? k / (K - 1) : 0) * (bottom - top)];
@@ -373,7 +373,12 @@
     tree.svg.setAttribute("data-values", path.join(","));
     path.forEach((n) => {
       const [x, y] = pos(n);
-      if (K <= 5) tree.text(x + r + 3, y + 4, ctx.fmt(s.theta[n], 2), {anchor: "start", color: sh.colors.path});
+      if (K > 5) return;
+      // a label right of its node fits if the next node of the level is far enough; else (the
+      // leaves of deep trees) it goes below the node, where there is room
+      const gap = (right - left) / Math.pow(2, Math.floor(Math.log2(n + 1)));
+      if (gap >= 2 * r + 38) tree.text(x + r + 3, y + 4, ctx.fmt(s.theta[n], 2), {anchor: "start", color: sh.colors.path});
+      else tree.text(x, y + r + 12, ctx.fmt(s.theta[n], 2), {anchor: "middle", color: sh.colors.path, cls: "fvlib-live-tick fvlib-live-halo"});
     });
     const all = s.theta.concat(s.twin_theta).map(Math.abs);
     const lim = Math.max(...all, 0.1) * 1.1;
