@@ -153,3 +153,23 @@ def test_cli_patch_on_a_bottlenecked_run(tmp_path):
     result = json.loads(out.stdout)
     assert len(result["loss"]) == 2 and len(result["loss"][0]) == 2  # rows m = 1..K, columns l = 1..L
     assert len(result["theory_loss"]) == 2
+
+
+def test_attention_spread_of_uniform_and_of_peaked_attention():
+    from fvlib.transformer_patching import attention_spread
+
+    model = seeded()
+    for l in (1, 2, 3):
+        model.block(l).pool.W_K.weight.data.zero_()  # equal scores: uniform pooling
+    uniform = attention_spread(model, TREE, N, 0.0, contexts=20, n_show=3)
+    torch.testing.assert_close(uniform.entropy, torch.ones(3, dtype=torch.float64))
+    torch.testing.assert_close(uniform.peak, torch.ones(3, dtype=torch.float64))
+    assert uniform.patterns.shape == (3, 3, N)
+    for l in (1, 2, 3):
+        model.block(l).pool.W_K.weight.data.normal_(0, 30.0)  # huge scores: near one-hot
+    peaked = attention_spread(model, TREE, N, 0.0, contexts=20)
+    assert (peaked.entropy < 0.5).all() and (peaked.peak > N / 3).all()
+    open_ = attention_spread(seeded(arrangement="open"), make_prior("gaussian-twin", 3, 0.7), N, 0.0, contexts=20)
+    assert ((open_.entropy > 0) & (open_.entropy <= 1 + 1e-12)).all()
+    with pytest.raises(ValueError, match="n_show"):
+        attention_spread(model, TREE, N, 0.0, contexts=5, n_show=6)
