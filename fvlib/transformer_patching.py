@@ -29,7 +29,8 @@ part that does not depend on ``theta``, so the losses below are those of chapter
   state" (its labels enter only through the pooling), so this is chapter 10's key patching
   with the state made explicit; at ``l = 1`` there is no state yet and the patch is the
   identity. The open arrangement has no separate state (context tokens read each other), so
-  it has no such analogue and the function raises ``ValueError``.
+  it has no such analogue and the function raises ``ValueError``. ``kind="query"`` patches the
+  other side of the pooling: the workspace's query at layer ``l``, the donor's.
 
 Conventions as in :mod:`fvlib.patching`: layers ``l = 1..L`` in column ``l - 1``, split levels
 ``m = 1..K`` in row ``m - 1``; the same ``seed`` draws the same pairs as
@@ -72,6 +73,7 @@ __all__ = [
     "probe_stream",
     "AttentionSpread",
     "attention_spread",
+    "STATE_PATCH_KINDS",
     "state_patching_sweep",
 ]
 
@@ -227,19 +229,29 @@ def probe_stream(
     return ProbeResult(accuracy=accuracy, kind=kind, n_train=n_train, n_test=n_test)
 
 
-def _state_patcher(model: StandardTransformer, queries: int, seed: int):
+#: What :func:`state_patching_sweep` patches at layer ``l``: what the context tokens send
+#: (``"sent"``: keys and values) or what the workspace asks (``"query"``: its pooling query).
+STATE_PATCH_KINDS = ("sent", "query")
+
+
+def _state_patcher(model: StandardTransformer, queries: int, seed: int, kind: str = "sent"):
     """``run_pair(target, donor) -> (clean theta_eff, [theta_eff with the state patch at layer l
     for l = 1..L], target, donor)`` for :func:`fvlib.patching._run_sweep` (module docs)."""
     L = model.config.n_layers
     device = _model_device(model)
     query_gen = make_generator(seed + PROBE_QUERY_SEED_OFFSET)
     workspace = [transformer_hook_name("workspace", l) for l in range(1, L + 1)]
+    asked = [transformer_hook_name("queries", l) for l in range(1, L + 1)]
 
     def run_pair(target, donor):
         x_probe = _probe_queries(target, queries, query_gen)
-        _, donor_cache = model.run_with_cache(donor.to(device), names_filter=workspace)
+        _, donor_cache = model.run_with_cache(donor.to(device), names_filter=workspace + asked)
         patched = []
         for l in range(1, L + 1):
+            if kind == "query":  # the workspace pools the target's tokens with the donor's query
+                hooks = [(asked[l - 1], _replace_with(donor_cache[asked[l - 1]]))]
+                patched.append(effective_theta(model, target, x_probe, hooks))
+                continue
             sent = [transformer_hook_name("keys", l), transformer_hook_name("values", l)]
             donor_state = [(workspace[j], _replace_with(donor_cache[workspace[j]])) for j in range(l - 1)]
             with model.hooks(donor_state):  # the target's tokens, having read the donor's phi_1..phi_{l-1}
@@ -262,13 +274,22 @@ def state_patching_sweep(
     queries: int = 32,
     seed: int = 0,
     chunk: int = DEFAULT_CHUNK,
+    kind: str = "sent",
 ) -> PatchingResult:
     """The key-patching analogue (module docs) at every layer ``l`` for every split level ``m``,
     bottlenecked arrangement only: the heatmap ``loss[m - 1, l - 1]`` of
     ``E|theta_eff - theta_target|^2``, on the pairs that
     :func:`fvlib.patching.key_patching_sweep` draws with the same ``seed`` (``contexts`` per
     split level), ``theta_eff`` from ``queries`` probe queries per context.
+
+    ``kind="sent"`` (default) patches what the context tokens send (module docs);
+    ``kind="query"`` patches the other side of the pooling instead: the workspace's query at
+    layer ``l`` (``blocks.{l}.hook_queries``) becomes the donor's, so the target's workspace
+    weights the target's own tokens as the donor's state asks (at ``l = 1`` both start from
+    the same learned vector, so this patch too is the identity there).
     """
+    if kind not in STATE_PATCH_KINDS:
+        raise ValueError(f"kind must be one of {STATE_PATCH_KINDS}, got {kind!r}")
     _check_model(model)
     if model.config.arrangement != "bottlenecked":
         raise ValueError(
@@ -278,7 +299,8 @@ def state_patching_sweep(
     _check_queries(model, queries)
     check_int("seed", seed, 0)
     return _run_sweep(
-        tree, model.config.n_layers, n_ctx, noise_std, contexts, seed, chunk, _state_patcher(model, queries, seed)
+        tree, model.config.n_layers, n_ctx, noise_std, contexts, seed, chunk,
+        _state_patcher(model, queries, seed, kind)
     )
 
 

@@ -173,3 +173,34 @@ def test_attention_spread_of_uniform_and_of_peaked_attention():
     assert ((open_.entropy > 0) & (open_.entropy <= 1 + 1e-12)).all()
     with pytest.raises(ValueError, match="n_show"):
         attention_spread(model, TREE, N, 0.0, contexts=5, n_show=6)
+
+
+def test_plot_attention_spread_draws_one_panel_per_model():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fvlib.plots.transformers import plot_attention_spread
+    from fvlib.transformer_patching import attention_spread
+
+    spreads = {"bottlenecked": attention_spread(seeded(), TREE, N, 0.0, contexts=10, n_show=2),
+               "open": attention_spread(seeded(arrangement="open"), TREE, N, 0.0, contexts=10, n_show=2)}
+    fig, axes = plot_attention_spread(spreads)
+    assert len(axes) == 2 and len(axes[0].lines) == 3 * 2 + 1  # L layers x n_show contexts + uniform
+    with pytest.raises(ValueError, match="at least one"):
+        plot_attention_spread({})
+    plt.close(fig)
+
+
+def test_query_patch_is_the_identity_at_layer_one_and_acts_later():
+    model = seeded()
+    result = state_patching_sweep(model, TREE, N, 0.0, contexts=20, queries=8, seed=3, kind="query")
+    torch.testing.assert_close(result.loss[:, 0], result.baseline_by_level)
+    assert (result.loss[:, 1:] - result.baseline_by_level[:, None]).abs().max() > 1e-3
+    target, _ = pair(contexts=15)
+    clean, patched, _, _ = _state_patcher(model, 8, 0, "query")(target, target)
+    for theta in patched:
+        torch.testing.assert_close(theta, clean)
+    with pytest.raises(ValueError, match="kind"):
+        state_patching_sweep(model, TREE, N, 0.0, contexts=4, kind="values")
