@@ -14,6 +14,8 @@ imports only from the layers below it (``tests/test_import_layers.py`` checks th
     train                     training, checkpoints and resume, evaluation beside theory
     batched                   many training runs in one loop (stacked parameters, vmap)
     patching                  key patching (model and theory), transplants, probes
+    transformer_patching      the same interventions on the standard transformers: the
+                              function-vector transplant, probes, state patching
     experiments, reproduce    the chapters' experiment drivers (training runs, Monte Carlo
                               sweeps, hooked model runs); the CLI's reproduce command
     plots                     the book's figures, drawn from results (they compute nothing)
@@ -34,6 +36,7 @@ from .task import TaskBatch, make_generator, sample_task  # noqa: E402
 
 # The heavier layers are imported on first use: ``fvlib.theory``, ``fvlib.models``,
 # ``fvlib.transformer``, ``fvlib.train``, ``fvlib.batched``, ``fvlib.patching``,
+# ``fvlib.transformer_patching``,
 # ``fvlib.experiments``, ``fvlib.plots``.
 
 __all__ = [

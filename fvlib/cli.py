@@ -179,14 +179,20 @@ def _run_patch(args) -> dict:
     from .train import build_prior, load_run
 
     model, config, _ = load_run(args.run)
-    if config.arch != "constrained":
-        raise CliError(f"patch supports runs of the constrained models A, B, C (--arch constrained); "
-                       f"{args.run} is an --arch {config.arch} run")
+    if config.arch == "transformer-open":
+        raise CliError(f"patch supports --arch constrained runs (key patching) and --arch transformer runs "
+                       f"(its state-patching analogue); {args.run} is an --arch {config.arch} run, which has "
+                       f"no separate state to patch (use fvlib.transformer_patching.transplant_stream)")
     prior = build_prior(config)
     if not isinstance(prior, TreePrior):
         raise CliError(f"patching needs a run trained on the tree prior, {args.run} used {config.prior!r}")
     kw = dict(contexts=args.contexts, seed=args.seed)
-    model_side = key_patching_sweep(model, prior, config.n_ctx, config.noise_std, **kw)
+    if config.arch == "constrained":
+        model_side = key_patching_sweep(model, prior, config.n_ctx, config.noise_std, **kw)
+    else:
+        from .transformer_patching import state_patching_sweep
+
+        model_side = state_patching_sweep(model, prior, config.n_ctx, config.noise_std, **kw)
     theory_side = theory_patching_sweep(prior, config.n_ctx, config.noise_std, model.config.n_layers, **kw)
     return {
         "baseline": model_side.baseline,

@@ -327,7 +327,7 @@ def test_cli_trains_a_transformer(tmp_path):
     assert set(result) == {"final_loss", "seconds", "checkpoint", "steps", "model", "prior"}
     _, config, _ = load_run(tmp_path / "run")
     assert config.arch == "transformer-open" and config.model == "B"
-    # key patching is defined for the constrained models only: one line, exit 2
+    # patch has no analogue for the open arrangement (see test_transformer_patching.py): one line, exit 2
     patched = run_cli("patch", "--run", str(tmp_path / "run"), "--contexts", "4")
     assert patched.returncode == 2 and "Traceback" not in patched.stderr
     assert patched.stderr.strip().count("\n") == 0 and "--arch transformer-open" in patched.stderr

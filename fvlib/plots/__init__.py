@@ -11,7 +11,7 @@ Submodules, in layers from the bottom up; a submodule imports only from the laye
     style, tables
         the Okabe-Ito palette, one colour per model, one label per strategy; tables of results
         (HTML in the book, aligned text elsewhere)
-    architecture, channel, decay, interventions, training, trees
+    architecture, channel, decay, interventions, training, transformers, trees
         the figures of the chapters, by topic
     explorers
         the figures of the explorers of fvlib.widgets, for chapters too
