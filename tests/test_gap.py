@@ -56,3 +56,22 @@ def test_gap_table_rows():
     assert table["adaptive_opt_kind"] in ("learned", "greedy", "nonadaptive_opt")
     with pytest.raises(ValueError, match="tree"):
         gap_table(model, TrainConfig(prior="gaussian-twin", depth=3, budget=2), contexts=10)
+
+
+def test_gap_table_others_share_the_contexts():
+    """A second model decoded on the same contexts: its rows equal the table of that model alone."""
+    tree, model, _ = _model_and_batch(budget=2)
+    other = FVTransformer(model.config)
+    other.load_state_dict(model.state_dict())
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():   # another model: every weight moved (the decoder's last layer too)
+        for p in other.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    config = TrainConfig(depth=3, budget=2, n_ctx=64, noise_std=0.1, steps=1)
+    both = gap_table(model, config, contexts=300, seed=2, others={"new": other})
+    alone = gap_table(other, config, contexts=300, seed=2)
+    assert both["new"] == alone["model"] and both["new_router_bayes"] == alone["router_bayes"]
+    assert both["model"] != both["new"]
+    for bad in ("model", "adaptive_greedy", 3):
+        with pytest.raises(ValueError, match="others"):
+            gap_table(model, config, contexts=50, others={bad: other})
