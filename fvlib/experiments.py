@@ -115,6 +115,7 @@ __all__ = [
     "layer_split_state",
     "router_directions",
     "router_bayes_decode",
+    "router_policy_alignment",
     "gap_table",
 ]
 
@@ -689,6 +690,28 @@ def router_bayes_decode(model, tree: TreePrior, batch) -> dict:
     return out
 
 
+def router_policy_alignment(model, tree: TreePrior, batch, policy) -> torch.Tensor:
+    """How far model A's router measures what a theory policy measures: ``(L,)`` float64.
+
+    Entry ``l - 1`` is the mean over the contexts of ``batch`` of ``|cos|`` between the row
+    model A's router used at layer ``l`` (:func:`router_directions`, one channel per layer) and
+    the row ``policy`` measures at layer ``l`` on the same context's statistic ``g_hat``
+    (:func:`fvlib.theory.adaptive_opt.policy_rollout`; ``policy`` e.g. an
+    :class:`~fvlib.theory.adaptive_opt.OptimisedPolicy`'s ``policy`` or a ``GreedyRule``).
+    1 means the same direction in every context; A's decoder can read another policy's
+    readings only where this is near 1.
+    """
+    if model.config.channels != 1:
+        raise ValueError(f"router_policy_alignment needs one channel per layer, got {model.config.channels}")
+    rows = router_directions(model, batch)
+    rows = rows / rows.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    g_hat = batch.to("cpu", torch.float64).sufficient_statistic()
+    tau2 = channel_tau2(tree, batch.n_ctx, batch.noise_std)
+    with torch.no_grad():
+        theory = policy_rollout(tree, policy, FiniteSampleChannel(g_hat), rows.shape[1], tau2).directions
+    return (rows * theory).sum(-1).abs().mean(0)
+
+
 def gap_table(model, config: TrainConfig, *, contexts: int = 4000, seed: int = 0, policy=None,
               others: Mapping | None = None) -> dict:
     """How close a trained model A comes to the best adaptive references, one dict of rows.
@@ -700,7 +723,8 @@ def gap_table(model, config: TrainConfig, *, contexts: int = 4000, seed: int = 0
     to reuse. ``others``: ``{name: model}``, more models A of the same task (e.g. trained with
     another recipe), decoded on the very same contexts: rows ``name`` and
     ``name + "_router_bayes"``. Also ``adaptive_opt_kind`` (which candidate the optimisation
-    kept) and ``adaptive_opt_seconds`` (its cost).
+    kept), ``adaptive_opt_policy`` (the :class:`~fvlib.theory.adaptive_opt.OptimisedPolicy`)
+    and ``adaptive_opt_seconds`` (its cost).
     """
     if config.prior != "tree":
         raise ValueError(f"gap_table needs a tree prior, got {config.prior!r}")
@@ -732,6 +756,7 @@ def gap_table(model, config: TrainConfig, *, contexts: int = 4000, seed: int = 0
             row = name if not prefix else (prefix if name == "model" else f"{prefix}_router_bayes")
             out[row] = (mean, math.sqrt(var))
     out["adaptive_opt_kind"] = policy.kind
+    out["adaptive_opt_policy"] = policy
     out["adaptive_opt_seconds"] = seconds
     out["contexts"] = contexts
     return out

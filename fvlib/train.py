@@ -99,7 +99,7 @@ class RunDirError(ValueError):
 #: The training recipe of the :class:`TrainConfig` defaults (and so of ``python -m fvlib
 #: train``): peak learning rate, warm-up fraction and query tokens per context, found in
 #: chapter 8's section on closing the gap to the adaptive references.
-RECIPE = {"lr": 1e-2, "warmup": 0.05, "queries": 256}
+RECIPE = {"lr": 2e-2, "warmup": 0.05, "queries": 256}
 
 
 @dataclass(frozen=True)
@@ -413,7 +413,8 @@ def _write_config(out_dir: Path, config: TrainConfig, model: FVTransformer) -> N
 def _read_config(run_dir: Path) -> tuple[TrainConfig, ModelConfig | TransformerConfig]:
     payload = _read_json(run_dir / CONFIG_FILE)
     try:
-        config = TrainConfig.from_dict(payload["train"])
+        # a run saved before ``warmup`` existed had no warm-up (not today's default)
+        config = TrainConfig.from_dict({"warmup": 0.0, **payload["train"]})
         kind = ModelConfig if config.arch == "constrained" else TransformerConfig
         return config, kind.from_dict(payload["model"])
     except (KeyError, TypeError, ValueError) as err:

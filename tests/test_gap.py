@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from fvlib import TreePrior, make_generator, sample_task
-from fvlib.experiments import gap_table, router_bayes_decode, router_directions
+from fvlib.experiments import gap_table, router_bayes_decode, router_directions, router_policy_alignment
+from fvlib.theory.adaptive_opt import FixedRows, GreedyRule
 from fvlib.models import FVTransformer, model_a, model_config
 from fvlib.train import TrainConfig
 
@@ -75,3 +76,19 @@ def test_gap_table_others_share_the_contexts():
     for bad in ("model", "adaptive_greedy", 3):
         with pytest.raises(ValueError, match="others"):
             gap_table(model, config, contexts=50, others={bad: other})
+
+
+def test_alignment_with_the_routers_own_rows():
+    """An untrained router's first rows are fixed: a FixedRows policy of exactly those rows aligns
+    perfectly at layer 1; the greedy rule (coordinates) aligns with a generic row only in part."""
+    tree, model, batch = _model_and_batch(budget=3, contexts=64)
+    rows = router_directions(model, batch)
+    own = FixedRows(rows[0] / rows[0].norm(dim=-1, keepdim=True))
+    align = router_policy_alignment(model, tree, batch, own)
+    assert align.shape == (3,) and align[0] == pytest.approx(1.0, abs=1e-6)
+    assert ((0 <= align) & (align <= 1 + 1e-9)).all()
+    greedy = router_policy_alignment(model, tree, batch, GreedyRule(tree))
+    assert greedy[0] < 0.99
+    wide = FVTransformer(model_config("B", tree, 3))
+    with pytest.raises(ValueError, match="channel"):
+        router_policy_alignment(wide, tree, batch, own)

@@ -118,7 +118,7 @@ def test_warmup_must_be_a_fraction(bad):
 def test_default_recipe_and_the_original_one():
     """The defaults are the recipe of chapter 8's closing section; ORIGINAL_RECIPE is the old one."""
     default = TrainConfig()
-    assert (default.lr, default.warmup, default.queries) == (1e-2, 0.05, 256)
+    assert (default.lr, default.warmup, default.queries) == (2e-2, 0.05, 256)
     assert {k: getattr(default, k) for k in RECIPE} == RECIPE and set(RECIPE) == set(ORIGINAL_RECIPE)
     assert ORIGINAL_RECIPE == {"lr": 3e-3, "warmup": 0.0, "queries": 64}
     old = TrainConfig(**ORIGINAL_RECIPE)
@@ -343,3 +343,17 @@ def test_progress_is_switched_off_by_tqdm_disable(monkeypatch):
     assert progress_shown(True) and not progress_shown(False)
     monkeypatch.setenv("TQDM_DISABLE", "1")
     assert not progress_shown(True)
+
+
+def test_runs_saved_before_warmup_existed_load_without_warmup(tmp_path):
+    """Their config.json has no ``warmup``: read as 0 (their schedule), not today's default."""
+    old = dataclasses.replace(TINY, steps=4, **ORIGINAL_RECIPE)
+    first = train(old, out_dir=tmp_path, progress=False)
+    path = tmp_path / "config.json"
+    payload = json.loads(path.read_text())
+    del payload["train"]["warmup"]
+    path.write_text(json.dumps(payload))
+    _, config, _ = load_run(tmp_path)
+    assert config == old and config.warmup == 0.0
+    again = train(old, out_dir=tmp_path, progress=False)   # resumes: the same finished run
+    assert again.final_loss == first.final_loss
