@@ -192,12 +192,19 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "TrainConfig":
-        """Build from a dict; unknown keys raise ``ValueError`` naming them."""
+        """Build from a dict; unknown keys raise ``ValueError`` naming them.
+
+        A dict that gives ``lr`` but no ``warmup`` is a config saved before ``warmup`` existed
+        (saved configs name every field): it had no warm-up, so ``warmup = 0`` there, not the
+        current default.
+        """
         if not isinstance(data, Mapping):
             raise ValueError(f"train config must be a mapping, got {type(data).__name__}")
         unknown = sorted(set(data) - {f.name for f in fields(cls)})
         if unknown:
             raise ValueError(f"unknown train config keys: {unknown}")
+        if "lr" in data and "warmup" not in data:
+            data = {**data, "warmup": 0.0}
         return cls(**data)
 
     @property
@@ -413,8 +420,7 @@ def _write_config(out_dir: Path, config: TrainConfig, model: FVTransformer) -> N
 def _read_config(run_dir: Path) -> tuple[TrainConfig, ModelConfig | TransformerConfig]:
     payload = _read_json(run_dir / CONFIG_FILE)
     try:
-        # a run saved before ``warmup`` existed had no warm-up (not today's default)
-        config = TrainConfig.from_dict({"warmup": 0.0, **payload["train"]})
+        config = TrainConfig.from_dict(payload["train"])
         kind = ModelConfig if config.arch == "constrained" else TransformerConfig
         return config, kind.from_dict(payload["model"])
     except (KeyError, TypeError, ValueError) as err:

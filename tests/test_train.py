@@ -357,3 +357,9 @@ def test_runs_saved_before_warmup_existed_load_without_warmup(tmp_path):
     assert config == old and config.warmup == 0.0
     again = train(old, out_dir=tmp_path, progress=False)   # resumes: the same finished run
     assert again.final_loss == first.final_loss
+
+
+def test_from_dict_reads_a_config_saved_before_warmup_as_no_warmup():
+    saved = {k: v for k, v in dataclasses.replace(TINY, **ORIGINAL_RECIPE).to_dict().items() if k != "warmup"}
+    assert TrainConfig.from_dict(saved).warmup == 0.0
+    assert TrainConfig.from_dict({"model": "B"}).warmup == RECIPE["warmup"]   # a partial dict: defaults
