@@ -7,7 +7,7 @@ and take each Adam step together, as one ``torch.func.vmap`` of the model's own 
 all models that would see the same ones alone.
 
 * **Grouping.** Configs that train the same architecture (``TrainConfig.model_config()``:
-  kind, budget, ``D``, width) on the same device, with the same ``lr``, ``steps``, ``batch``,
+  kind, budget, ``D``, width) on the same device, with the same ``lr``, ``warmup``, ``steps``, ``batch``,
   ``n_ctx`` and ``queries``, and that stand at the same step, form one stack; seeds, data
   seeds, priors, ``alpha``, ``noise_std`` and the evaluation and checkpoint periods may
   differ. Other configs form other stacks, trained in the same loop; nothing is rejected.
@@ -62,7 +62,7 @@ __all__ = ["train_many"]
 def _stack_key(config: TrainConfig) -> tuple:
     """What configs must share to be trained in one stack (besides their current step)."""
     device = resolve_device(config.device)
-    return (config.model_config(), str(device), config.lr, config.steps, config.batch, config.n_ctx, config.queries)
+    return (config.model_config(), str(device), config.lr, config.warmup, config.steps, config.batch, config.n_ctx, config.queries)
 
 
 def _data_key(run: _Run) -> tuple:

@@ -95,10 +95,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_task_args(train, ["tree", "gaussian-twin", "gaussian"])
     train.add_argument("--steps", type=_positive_int("--steps"), required=True)
-    train.add_argument("--batch", type=_positive_int("--batch"), default=256)
-    train.add_argument("--lr", type=_number("--lr", 0.0, None, low_open=True), default=3e-3)
-    train.add_argument("--queries", type=_positive_int("--queries"), default=64, help="query tokens per training context")
-    train.add_argument("--width", type=_positive_int("--width"), default=128)
+    # recipe options: None takes the TrainConfig default (the recipe of chapter 8's last section)
+    train.add_argument("--batch", type=_positive_int("--batch"), default=None, help="contexts per step (default 256)")
+    train.add_argument("--lr", type=_number("--lr", 0.0, None, low_open=True), default=None,
+                       help="peak learning rate (default: TrainConfig's)")
+    train.add_argument("--warmup", type=_number("--warmup", 0.0, 1.0), default=None,
+                       help="fraction of --steps spent warming up the learning rate, in [0, 1)")
+    train.add_argument("--queries", type=_positive_int("--queries"), default=None,
+                       help="query tokens per training context (default: TrainConfig's)")
+    train.add_argument("--width", type=_positive_int("--width"), default=None, help="MLP width (default 128)")
     train.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda, ...")
     train.add_argument("--out", required=True, help="run directory (resumed if it holds a checkpoint)")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -157,10 +162,13 @@ def _run_train(args) -> dict:
 
     if args.seed < 0:
         raise CliError(f"--seed must be >= 0, got {args.seed}")
+    recipe = {k: getattr(args, k) for k in ("batch", "lr", "warmup", "queries", "width") if getattr(args, k) is not None}
+    if recipe.get("warmup", 0) == 1:
+        raise CliError("--warmup must be a fraction in [0, 1), got 1")
     config = TrainConfig(
         model=args.model, prior=args.prior, depth=args.depth, alpha=args.alpha, n_ctx=args.n_ctx,
-        noise_std=args.noise_std, budget=args.budget, steps=args.steps, batch=args.batch, lr=args.lr, queries=args.queries,
-        width=args.width, seed=args.seed, device=args.device, arch=args.arch,
+        noise_std=args.noise_std, budget=args.budget, steps=args.steps, seed=args.seed, device=args.device,
+        arch=args.arch, **recipe,
     )
     result = train(config, out_dir=args.out, progress=not args.no_progress)
     return {

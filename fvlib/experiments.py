@@ -87,7 +87,7 @@ from .theory import (
     noisefree_nonadaptive_loss,
     policy_value,
 )
-from .train import TrainConfig, TrainResult, run_dir_for, train
+from .train import ORIGINAL_RECIPE, TrainConfig, TrainResult, run_dir_for, train
 
 __all__ = [
     "shared_configs",
@@ -115,6 +115,7 @@ __all__ = [
     "layer_split_state",
     "router_directions",
     "router_bayes_decode",
+    "router_policy_alignment",
     "gap_table",
 ]
 
@@ -129,11 +130,13 @@ def shared_configs(
 ) -> dict[tuple[str, str], TrainConfig]:
     """The SHARED configurations ``{(model, prior): TrainConfig}`` of the book.
 
-    Depth ``K = 5``, ``alpha = 0.5``, ``N = 128``, ``sigma = 0``, budget ``M = 5``, 1500 steps;
-    ``overrides`` change any :class:`~fvlib.train.TrainConfig` field for all of them (e.g. a
-    bigger ``FULL`` run). With no overrides the run directories are shared between chapters.
+    Depth ``K = 5``, ``alpha = 0.5``, ``N = 128``, ``sigma = 0``, budget ``M = 5``, 1500 steps,
+    trained with the book's original recipe (:data:`fvlib.train.ORIGINAL_RECIPE`, not the
+    current ``TrainConfig`` defaults); ``overrides`` change any
+    :class:`~fvlib.train.TrainConfig` field for all of them (e.g. a bigger ``FULL`` run). With
+    no overrides the run directories are shared between chapters.
     """
-    base = dict(depth=5, alpha=0.5, n_ctx=128, noise_std=0.0, budget=5, steps=1500)
+    base = dict(depth=5, alpha=0.5, n_ctx=128, noise_std=0.0, budget=5, steps=1500, **ORIGINAL_RECIPE)
     base.update(overrides)
     return {(m, p): TrainConfig(model=m, prior=p, **base) for p in priors for m in models}
 
@@ -246,10 +249,11 @@ def depth_sweep(
     of ``data_seed`` if given, else of the first seed), and so do all the points, whose stacks
     then read one draw of contexts per step. The reported loss is the final evaluation
     (``history[-1]``: ``eval_contexts`` fresh contexts, the same for every point). ``threads``:
-    torch CPU threads of that call (``None``: the current setting).
+    torch CPU threads of that call (``None``: the current setting). Fields of ``config`` not
+    given default to :data:`fvlib.train.ORIGINAL_RECIPE`, the recipe the book's sweep used.
     """
     seeds = _check_seeds(seeds)
-    config = dict(config)
+    config = {**ORIGINAL_RECIPE, **config}
     config.setdefault("data_seed", None)
     out = DepthSweep(budgets=np.asarray(list(budgets), dtype=int), seeds=tuple(seeds))
     grid = {}
@@ -686,15 +690,41 @@ def router_bayes_decode(model, tree: TreePrior, batch) -> dict:
     return out
 
 
-def gap_table(model, config: TrainConfig, *, contexts: int = 4000, seed: int = 0, policy=None) -> dict:
+def router_policy_alignment(model, tree: TreePrior, batch, policy) -> torch.Tensor:
+    """How far model A's router measures what a theory policy measures: ``(L,)`` float64.
+
+    Entry ``l - 1`` is the mean over the contexts of ``batch`` of ``|cos|`` between the row
+    model A's router used at layer ``l`` (:func:`router_directions`, one channel per layer) and
+    the row ``policy`` measures at layer ``l`` on the same context's statistic ``g_hat``
+    (:func:`fvlib.theory.adaptive_opt.policy_rollout`; ``policy`` e.g. an
+    :class:`~fvlib.theory.adaptive_opt.OptimisedPolicy`'s ``policy`` or a ``GreedyRule``).
+    1 means the same direction in every context; A's decoder can read another policy's
+    readings only where this is near 1.
+    """
+    if model.config.channels != 1:
+        raise ValueError(f"router_policy_alignment needs one channel per layer, got {model.config.channels}")
+    rows = router_directions(model, batch)
+    rows = rows / rows.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    g_hat = batch.to("cpu", torch.float64).sufficient_statistic()
+    tau2 = channel_tau2(tree, batch.n_ctx, batch.noise_std)
+    with torch.no_grad():
+        theory = policy_rollout(tree, policy, FiniteSampleChannel(g_hat), rows.shape[1], tau2).directions
+    return (rows * theory).sum(-1).abs().mean(0)
+
+
+def gap_table(model, config: TrainConfig, *, contexts: int = 4000, seed: int = 0, policy=None,
+              others: Mapping | None = None) -> dict:
     """How close a trained model A comes to the best adaptive references, one dict of rows.
 
     Rows (``(mean, stderr)`` of the excess loss): ``adaptive_greedy``, ``nonadaptive_opt`` and
     ``adaptive_opt`` (:func:`fvlib.theory.strategies.evaluate_strategies` on ``contexts`` finite-``N``
     contexts, ``seed``), ``model`` and ``router_bayes`` (:func:`router_bayes_decode` on
     ``contexts`` task contexts drawn with ``seed``). ``policy``: an optimised adaptive policy
-    to reuse. Also ``adaptive_opt_kind`` (which candidate the optimisation kept) and
-    ``adaptive_opt_seconds`` (its cost).
+    to reuse. ``others``: ``{name: model}``, more models A of the same task (e.g. trained with
+    another recipe), decoded on the very same contexts: rows ``name`` and
+    ``name + "_router_bayes"``. Also ``adaptive_opt_kind`` (which candidate the optimisation
+    kept), ``adaptive_opt_policy`` (the :class:`~fvlib.theory.adaptive_opt.OptimisedPolicy`)
+    and ``adaptive_opt_seconds`` (its cost).
     """
     if config.prior != "tree":
         raise ValueError(f"gap_table needs a tree prior, got {config.prior!r}")
@@ -709,17 +739,24 @@ def gap_table(model, config: TrainConfig, *, contexts: int = 4000, seed: int = 0
                               strategies=("adaptive_greedy", "nonadaptive_opt", "adaptive_opt"),
                               directions=directions, policy=policy)
     out = {name: (e.mean, e.stderr) for name, e in est.items()}
-    device = next(model.parameters()).device
     generator = make_generator(seed)
     batches = [sample_task(tree, min(512, contexts - i), config.n_ctx, config.noise_std, generator)
                for i in range(0, contexts, 512)]
-    parts = [router_bayes_decode(model, tree, b.to(device)) for b in batches]
-    n = sum(p["contexts"] for p in parts)
-    for name in ("model", "router_bayes"):
-        mean = sum(p[name][0] * p["contexts"] for p in parts) / n
-        var = sum((p[name][1] ** 2) * p["contexts"] ** 2 for p in parts) / n**2
-        out[name] = (mean, math.sqrt(var))
+    named = {"": model, **dict(others or {})}
+    for prefix in named:
+        if prefix and (not isinstance(prefix, str) or prefix in out or prefix in ("model", "router_bayes")):
+            raise ValueError(f"others: names must be new strings, not a row of the table, got {prefix!r}")
+    for prefix, each in named.items():
+        device = next(each.parameters()).device
+        parts = [router_bayes_decode(each, tree, b.to(device)) for b in batches]
+        n = sum(p["contexts"] for p in parts)
+        for name in ("model", "router_bayes"):
+            mean = sum(p[name][0] * p["contexts"] for p in parts) / n
+            var = sum((p[name][1] ** 2) * p["contexts"] ** 2 for p in parts) / n**2
+            row = name if not prefix else (prefix if name == "model" else f"{prefix}_router_bayes")
+            out[row] = (mean, math.sqrt(var))
     out["adaptive_opt_kind"] = policy.kind
+    out["adaptive_opt_policy"] = policy
     out["adaptive_opt_seconds"] = seconds
     out["contexts"] = contexts
     return out

@@ -53,6 +53,8 @@ __all__ = [
     "ARCHS",
     "EVAL_SEED_OFFSET",
     "TrainConfig",
+    "RECIPE",
+    "ORIGINAL_RECIPE",
     "TrainResult",
     "RunDirError",
     "resolve_device",
@@ -94,6 +96,12 @@ class RunDirError(ValueError):
 # ----------------------------------------------------------------------------------------
 # Configuration
 # ----------------------------------------------------------------------------------------
+#: The training recipe of the :class:`TrainConfig` defaults (and so of ``python -m fvlib
+#: train``): peak learning rate, warm-up fraction and query tokens per context, found in
+#: chapter 8's section on closing the gap to the adaptive references.
+RECIPE = {"lr": 2e-2, "warmup": 0.05, "queries": 256}
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything that defines a training run (JSON-serialisable).
@@ -105,6 +113,8 @@ class TrainConfig:
         n_ctx, noise_std: context length ``N`` and label noise ``sigma``.
         budget: communication budget ``M``.
         steps, batch, lr: optimisation length, contexts per step, peak Adam learning rate.
+        warmup: the fraction of ``steps`` spent in a linear learning-rate warm-up before the
+            cosine decay (see :func:`lr_at`); ``0``, the book's original recipe, starts at the peak.
         queries: query tokens per training context (the loss averages over them).
         width, hidden_layers: router and decoder MLP size.
         seed: seeds the model initialisation, and the data when ``data_seed`` is ``None``.
@@ -131,8 +141,9 @@ class TrainConfig:
     budget: int = 6
     steps: int = 3000
     batch: int = 256
-    lr: float = 3e-3
-    queries: int = 64
+    lr: float = RECIPE["lr"]
+    warmup: float = RECIPE["warmup"]
+    queries: int = RECIPE["queries"]
     width: int = 128
     hidden_layers: int = 2
     seed: int = 0
@@ -165,6 +176,9 @@ class TrainConfig:
         ):
             check_int(name, getattr(self, name), 1)
         check_int("seed", self.seed, 0)
+        check_number("warmup", self.warmup, 0, 1)
+        if self.warmup == 1:
+            raise ValueError(f"warmup must be a fraction in [0, 1), got {self.warmup!r}")
         if self.data_seed is not None:
             check_int("data_seed", self.data_seed, 0)
         check_number("lr", self.lr, 0, low_open=True)
@@ -178,12 +192,19 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "TrainConfig":
-        """Build from a dict; unknown keys raise ``ValueError`` naming them."""
+        """Build from a dict; unknown keys raise ``ValueError`` naming them.
+
+        A dict that gives ``lr`` but no ``warmup`` is a config saved before ``warmup`` existed
+        (saved configs name every field): it had no warm-up, so ``warmup = 0`` there, not the
+        current default.
+        """
         if not isinstance(data, Mapping):
             raise ValueError(f"train config must be a mapping, got {type(data).__name__}")
         unknown = sorted(set(data) - {f.name for f in fields(cls)})
         if unknown:
             raise ValueError(f"unknown train config keys: {unknown}")
+        if "lr" in data and "warmup" not in data:
+            data = {**data, "warmup": 0.0}
         return cls(**data)
 
     @property
@@ -196,6 +217,14 @@ class TrainConfig:
         if self.arch != "constrained":
             return transformer_config(self.model, 2**self.depth - 1, self.budget, ARCHS[self.arch], d_model=self.width)
         return model_config(self.model, 2**self.depth - 1, self.budget, self.width, self.hidden_layers)
+
+
+#: The training recipe the book's runs of chapters 5 and 7 to 10 were trained with, before
+#: chapter 8's section on closing the gap to the adaptive references made the current
+#: :class:`TrainConfig` defaults: ``TrainConfig(**ORIGINAL_RECIPE, ...)`` gives the same numbers
+#: and the same :func:`run_dir_for` directories as those runs (``shared_configs`` and
+#: ``depth_sweep`` of :mod:`fvlib.experiments` use it).
+ORIGINAL_RECIPE = {"lr": 3e-3, "warmup": 0.0, "queries": 64}
 
 
 @dataclass
@@ -255,8 +284,16 @@ def build_model(config: TrainConfig) -> FVTransformer | StandardTransformer:
 
 
 def lr_at(step: int, config: TrainConfig) -> float:
-    """Cosine schedule: ``lr`` at step 0 down to 0 at ``config.steps``."""
-    return config.lr * 0.5 * (1.0 + math.cos(math.pi * step / config.steps))
+    """Linear warm-up, then cosine decay, of the learning rate at ``step``.
+
+    ``lr (step + 1) / w`` for the first ``w = floor(warmup * steps)`` steps, then
+    ``lr (1 + cos(pi (step - w) / (steps - w))) / 2``: from ``lr`` down to 0 at ``steps``. With
+    ``warmup = 0`` it is the plain cosine ``lr (1 + cos(pi step / steps)) / 2``.
+    """
+    w = int(config.warmup * config.steps)
+    if step < w:
+        return config.lr * (step + 1) / w
+    return config.lr * 0.5 * (1.0 + math.cos(math.pi * (step - w) / (config.steps - w)))
 
 
 def sample_queries(
@@ -752,13 +789,13 @@ def run_dir_for(config: TrainConfig, root: str | os.PathLike | None = None) -> P
     same config (another chapter, a re-run), resumes the finished run instead of retraining: the
     numbers are identical either way because training is deterministic. ``root`` defaults to
     ``$FVLIB_RUN_ROOT`` or ``./.fvlib_runs``. A ``data_seed`` of ``None`` is left out of the
-    name, so runs named before that field existed keep their directories.
+    name, so runs named before that field existed keep their directories; so is a ``warmup`` of 0.
     """
     root = Path(root if root is not None else os.environ.get(RUN_ROOT_ENV, ".fvlib_runs"))
     fields_that_matter = {
         k: v
         for k, v in config.to_dict().items()
-        if k not in RESUMABLE_FIELDS and not (k == "data_seed" and v is None)
+        if k not in RESUMABLE_FIELDS and not (k == "data_seed" and v is None) and not (k == "warmup" and v == 0)
     }
     if config.arch == "constrained":  # the names runs had before ``arch`` existed
         del fields_that_matter["arch"]

@@ -97,3 +97,28 @@ def test_reproduce_quick_writes_every_result_file(tmp_path):
     models = json.loads((tmp_path / "models.json").read_text())
     assert set(models) == {f"{k}/{p}" for k in "ABC" for p in ("tree", "gaussian-twin")}
     assert all(entry["model"] > 0 and entry["contexts"] == 200 for entry in models.values())
+
+
+def test_train_uses_the_trainconfig_recipe_and_takes_overrides(tmp_path):
+    """Without recipe flags the run has TrainConfig's defaults (fvlib.train.RECIPE)."""
+    from fvlib.train import RECIPE, load_run
+
+    common = ["train", "--model", "C", "--depth", "2", "--n-ctx", "8", "--budget", "2", "--steps", "5",
+              "--no-progress", "--json"]
+    out = run_cli(*common, "--out", str(tmp_path / "a"))
+    assert out.returncode == 0, out.stderr
+    config = load_run(tmp_path / "a")[1]
+    assert {k: getattr(config, k) for k in RECIPE} == RECIPE and config.batch == 256
+    out = run_cli(*common, "--out", str(tmp_path / "b"), "--lr", "0.003", "--warmup", "0", "--queries", "64")
+    assert out.returncode == 0, out.stderr
+    config = load_run(tmp_path / "b")[1]
+    assert (config.lr, config.warmup, config.queries) == (0.003, 0.0, 64)
+
+
+@pytest.mark.parametrize("value", ["1", "1.5", "-0.1", "x"])
+def test_train_bad_warmup_is_one_line(tmp_path, value):
+    out = run_cli("train", "--model", "C", "--depth", "2", "--n-ctx", "8", "--budget", "2", "--steps", "5",
+                  "--warmup", value, "--out", str(tmp_path / "r"), "--no-progress")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr and "warmup" in lines[0]

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from fvlib import TreePrior, make_generator, sample_task
-from fvlib.experiments import gap_table, router_bayes_decode, router_directions
+from fvlib.experiments import gap_table, router_bayes_decode, router_directions, router_policy_alignment
+from fvlib.theory.adaptive_opt import FixedRows, GreedyRule
 from fvlib.models import FVTransformer, model_a, model_config
 from fvlib.train import TrainConfig
 
@@ -56,3 +57,38 @@ def test_gap_table_rows():
     assert table["adaptive_opt_kind"] in ("learned", "greedy", "nonadaptive_opt")
     with pytest.raises(ValueError, match="tree"):
         gap_table(model, TrainConfig(prior="gaussian-twin", depth=3, budget=2), contexts=10)
+
+
+def test_gap_table_others_share_the_contexts():
+    """A second model decoded on the same contexts: its rows equal the table of that model alone."""
+    tree, model, _ = _model_and_batch(budget=2)
+    other = FVTransformer(model.config)
+    other.load_state_dict(model.state_dict())
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():   # another model: every weight moved (the decoder's last layer too)
+        for p in other.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    config = TrainConfig(depth=3, budget=2, n_ctx=64, noise_std=0.1, steps=1)
+    both = gap_table(model, config, contexts=300, seed=2, others={"new": other})
+    alone = gap_table(other, config, contexts=300, seed=2)
+    assert both["new"] == alone["model"] and both["new_router_bayes"] == alone["router_bayes"]
+    assert both["model"] != both["new"]
+    for bad in ("model", "adaptive_greedy", 3):
+        with pytest.raises(ValueError, match="others"):
+            gap_table(model, config, contexts=50, others={bad: other})
+
+
+def test_alignment_with_the_routers_own_rows():
+    """An untrained router's first rows are fixed: a FixedRows policy of exactly those rows aligns
+    perfectly at layer 1; the greedy rule (coordinates) aligns with a generic row only in part."""
+    tree, model, batch = _model_and_batch(budget=3, contexts=64)
+    rows = router_directions(model, batch)
+    own = FixedRows(rows[0] / rows[0].norm(dim=-1, keepdim=True))
+    align = router_policy_alignment(model, tree, batch, own)
+    assert align.shape == (3,) and align[0] == pytest.approx(1.0, abs=1e-6)
+    assert ((0 <= align) & (align <= 1 + 1e-9)).all()
+    greedy = router_policy_alignment(model, tree, batch, GreedyRule(tree))
+    assert greedy[0] < 0.99
+    wide = FVTransformer(model_config("B", tree, 3))
+    with pytest.raises(ValueError, match="channel"):
+        router_policy_alignment(wide, tree, batch, own)

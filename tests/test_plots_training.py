@@ -18,7 +18,7 @@ from fvlib.plots.training import (  # noqa: E402
     plot_training_curves,
 )
 from fvlib.theory import channel_tau2, gaussian_coordinate_loss, tree_posterior_cov, twin_finite_n_loss  # noqa: E402
-from fvlib.train import TrainConfig, run_dir_for  # noqa: E402
+from fvlib.train import ORIGINAL_RECIPE, TrainConfig, run_dir_for  # noqa: E402
 
 
 def teardown_function():
@@ -28,10 +28,13 @@ def teardown_function():
 def test_shared_configs_are_the_books_configs():
     cfgs = shared_configs()
     assert set(cfgs) == {(m, p) for m in "ABC" for p in ("tree", "gaussian-twin")}
-    expected = TrainConfig(model="A", prior="tree", depth=5, alpha=0.5, n_ctx=128, budget=5, steps=1500)
+    # the book's original training recipe, not today's TrainConfig defaults
+    expected = TrainConfig(model="A", prior="tree", depth=5, alpha=0.5, n_ctx=128, budget=5, steps=1500,
+                           **ORIGINAL_RECIPE)
     assert cfgs[("A", "tree")] == expected
     assert run_dir_for(cfgs[("B", "gaussian-twin")]) == run_dir_for(
-        TrainConfig(model="B", prior="gaussian-twin", depth=5, alpha=0.5, n_ctx=128, budget=5, steps=1500)
+        TrainConfig(model="B", prior="gaussian-twin", depth=5, alpha=0.5, n_ctx=128, budget=5, steps=1500,
+                    **ORIGINAL_RECIPE)
     )
     assert shared_configs(steps=10)[("C", "tree")].steps == 10
 

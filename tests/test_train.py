@@ -11,6 +11,8 @@ from fvlib import make_prior
 from fvlib.models import make_model
 from fvlib.train import (
     EVAL_SEED_OFFSET,
+    ORIGINAL_RECIPE,
+    RECIPE,
     RunDirError,
     TrainConfig,
     evaluate,
@@ -88,9 +90,39 @@ def test_model_config_matches_the_kind():
 
 
 def test_cosine_schedule():
-    assert lr_at(0, TINY) == TINY.lr
-    assert lr_at(TINY.steps // 2, TINY) == pytest.approx(TINY.lr / 2)
-    assert lr_at(TINY.steps, TINY) == pytest.approx(0.0, abs=1e-15)
+    plain = dataclasses.replace(TINY, warmup=0.0)
+    assert lr_at(0, plain) == plain.lr
+    assert lr_at(plain.steps // 2, plain) == pytest.approx(plain.lr / 2)
+    assert lr_at(plain.steps, plain) == pytest.approx(0.0, abs=1e-15)
+
+
+def test_warmup_then_cosine():
+    config = dataclasses.replace(TINY, steps=100, warmup=0.1, lr=0.02)   # w = 10 steps
+    assert [lr_at(s, config) for s in (0, 4, 9)] == pytest.approx([0.002, 0.01, 0.02])
+    assert lr_at(10, config) == pytest.approx(0.02)                      # the peak, then cosine
+    assert lr_at(55, config) == pytest.approx(0.01)                      # half-way through the decay
+    assert lr_at(100, config) == pytest.approx(0.0, abs=1e-15)
+    lrs = [lr_at(s, config) for s in range(101)]
+    assert max(lrs) == pytest.approx(0.02) and all(a <= b for a, b in zip(lrs[:10], lrs[1:11]))
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+    tiny = dataclasses.replace(TINY, steps=1, warmup=0.5)                # floor(0.5) = 0: no warm-up
+    assert lr_at(0, tiny) == tiny.lr
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.0, 1.5, float("nan"), "0.1"])
+def test_warmup_must_be_a_fraction(bad):
+    with pytest.raises(ValueError, match="warmup"):
+        dataclasses.replace(TINY, warmup=bad)
+
+
+def test_default_recipe_and_the_original_one():
+    """The defaults are the recipe of chapter 8's closing section; ORIGINAL_RECIPE is the old one."""
+    default = TrainConfig()
+    assert (default.lr, default.warmup, default.queries) == (2e-2, 0.05, 256)
+    assert {k: getattr(default, k) for k in RECIPE} == RECIPE and set(RECIPE) == set(ORIGINAL_RECIPE)
+    assert ORIGINAL_RECIPE == {"lr": 3e-3, "warmup": 0.0, "queries": 64}
+    old = TrainConfig(**ORIGINAL_RECIPE)
+    assert lr_at(0, old) == 3e-3 and old.queries == 64
 
 
 def test_resolve_device():
@@ -225,7 +257,7 @@ def test_resumed_run_matches_an_uninterrupted_one(tmp_path):
 def test_resume_refuses_a_different_config(tmp_path):
     train(TINY, out_dir=tmp_path, progress=False, until_step=5)
     with pytest.raises(RunDirError, match="different config"):
-        train(dataclasses.replace(TINY, lr=1e-2), out_dir=tmp_path, progress=False)
+        train(dataclasses.replace(TINY, lr=3e-2), out_dir=tmp_path, progress=False)
     fresh = train(dataclasses.replace(TINY, lr=1e-2, steps=5), out_dir=tmp_path, resume=False, progress=False)
     assert load_run(tmp_path)[1] == fresh.config
 
@@ -311,3 +343,23 @@ def test_progress_is_switched_off_by_tqdm_disable(monkeypatch):
     assert progress_shown(True) and not progress_shown(False)
     monkeypatch.setenv("TQDM_DISABLE", "1")
     assert not progress_shown(True)
+
+
+def test_runs_saved_before_warmup_existed_load_without_warmup(tmp_path):
+    """Their config.json has no ``warmup``: read as 0 (their schedule), not today's default."""
+    old = dataclasses.replace(TINY, steps=4, **ORIGINAL_RECIPE)
+    first = train(old, out_dir=tmp_path, progress=False)
+    path = tmp_path / "config.json"
+    payload = json.loads(path.read_text())
+    del payload["train"]["warmup"]
+    path.write_text(json.dumps(payload))
+    _, config, _ = load_run(tmp_path)
+    assert config == old and config.warmup == 0.0
+    again = train(old, out_dir=tmp_path, progress=False)   # resumes: the same finished run
+    assert again.final_loss == first.final_loss
+
+
+def test_from_dict_reads_a_config_saved_before_warmup_as_no_warmup():
+    saved = {k: v for k, v in dataclasses.replace(TINY, **ORIGINAL_RECIPE).to_dict().items() if k != "warmup"}
+    assert TrainConfig.from_dict(saved).warmup == 0.0
+    assert TrainConfig.from_dict({"model": "B"}).warmup == RECIPE["warmup"]   # a partial dict: defaults

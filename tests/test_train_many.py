@@ -8,7 +8,8 @@ import torch
 from safetensors import safe_open
 
 from fvlib.batched import train_many
-from fvlib.train import RunDirError, TrainConfig, load_run, run_dir_for, train
+from fvlib.experiments import shared_configs
+from fvlib.train import ORIGINAL_RECIPE, RunDirError, TrainConfig, load_run, run_dir_for, train
 
 #: Tiny but real: tree K=3 (D=7), N=32, budget 3, 40 steps.
 TINY = TrainConfig(
@@ -159,11 +160,33 @@ def test_resume_refuses_a_directory_of_another_config(tmp_path):
 
 # ----- configuration and bad input ---------------------------------------------------------
 def test_run_dir_names_do_not_change():
-    """Names computed before data_seed existed (a None data seed is left out of the hash)."""
-    assert run_dir_for(TrainConfig(), "r").name == "A-tree-K6-M6-N128-s3000-ad8cdb7a2b"
-    assert run_dir_for(TrainConfig(model="B", seed=3, steps=500), "r").name == "B-tree-K6-M6-N128-s500-0ad8cd3eec"
+    """Names computed before data_seed and warmup existed (a None data seed and a zero warm-up
+    are left out of the hash), for the book's original recipe."""
+    old = ORIGINAL_RECIPE
+    assert run_dir_for(TrainConfig(**old), "r").name == "A-tree-K6-M6-N128-s3000-ad8cdb7a2b"
+    assert run_dir_for(TrainConfig(model="B", seed=3, steps=500, **old), "r").name == "B-tree-K6-M6-N128-s500-0ad8cd3eec"
     assert run_dir_for(TrainConfig(data_seed=0), "r") != run_dir_for(TrainConfig(), "r")
     assert run_dir_for(TrainConfig(data_seed=0), "r") != run_dir_for(TrainConfig(data_seed=1), "r")
+    # the current defaults (another recipe) have their own directories; so has any warm-up
+    assert run_dir_for(TrainConfig(), "r") != run_dir_for(TrainConfig(**old), "r")
+    assert run_dir_for(TrainConfig(**{**old, "warmup": 0.05}), "r") != run_dir_for(TrainConfig(**old), "r")
+
+
+def test_shared_runs_keep_their_directories():
+    """The book's shared runs (chapters 5, 7-10) and its depth sweep keep the original recipe."""
+    shared = shared_configs()
+    assert run_dir_for(shared[("A", "tree")], "r").name == "A-tree-K5-M5-N128-s1500-6a1833258d"
+    assert run_dir_for(shared[("C", "gaussian-twin")], "r").name == "C-gaussian-twin-K5-M5-N128-s1500-72af4d2573"
+    assert all((c.lr, c.warmup, c.queries) == (3e-3, 0.0, 64) for c in shared.values())
+    big = shared_configs(depth=6, budget=6, steps=3000)[("A", "tree")]
+    assert run_dir_for(big, "r") == run_dir_for(TrainConfig(**ORIGINAL_RECIPE), "r")
+    assert shared_configs(lr=1e-2)[("A", "tree")].lr == 1e-2           # overrides still win
+
+
+def test_stacks_split_by_warmup():
+    from fvlib.batched import _stack_key
+
+    assert _stack_key(TINY) != _stack_key(dataclasses.replace(TINY, warmup=0.1))
 
 
 def test_configs_without_data_seed_still_load():
