@@ -95,15 +95,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_task_args(train, ["tree", "gaussian-twin", "gaussian"])
     train.add_argument("--steps", type=_positive_int("--steps"), required=True)
-    # recipe options: None takes the TrainConfig default (the recipe of chapter 8's last section)
-    train.add_argument("--batch", type=_positive_int("--batch"), default=None, help="contexts per step (default 256)")
+    # recipe options: None takes fvlib.train.recipe_for(--arch): the TrainConfig defaults (the
+    # recipe of chapter 8's last section) for constrained models, TRANSFORMER_RECIPE otherwise
+    train.add_argument("--batch", type=_positive_int("--batch"), default=None, help="contexts per step (default 256; transformers 64)")
     train.add_argument("--lr", type=_number("--lr", 0.0, None, low_open=True), default=None,
-                       help="peak learning rate (default: TrainConfig's)")
+                       help="peak learning rate (default 2e-2; transformers 2e-3)")
     train.add_argument("--warmup", type=_number("--warmup", 0.0, 1.0), default=None,
                        help="fraction of --steps spent warming up the learning rate, in [0, 1)")
     train.add_argument("--queries", type=_positive_int("--queries"), default=None,
-                       help="query tokens per training context (default: TrainConfig's)")
-    train.add_argument("--width", type=_positive_int("--width"), default=None, help="MLP width (default 128)")
+                       help="query tokens per training context (default 256; transformers 64)")
+    train.add_argument("--width", type=_positive_int("--width"), default=None, help="MLP width, d_model for transformers (default 128; transformers 32)")
     train.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda, ...")
     train.add_argument("--out", required=True, help="run directory (resumed if it holds a checkpoint)")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -158,11 +159,13 @@ def _run_theory(args) -> dict:
 
 
 def _run_train(args) -> dict:
-    from .train import TrainConfig, train
+    from .train import TrainConfig, recipe_for, train
 
     if args.seed < 0:
         raise CliError(f"--seed must be >= 0, got {args.seed}")
-    recipe = {k: getattr(args, k) for k in ("batch", "lr", "warmup", "queries", "width") if getattr(args, k) is not None}
+    recipe = recipe_for(args.arch)  # flags given override the architecture's recipe
+    recipe.update({k: getattr(args, k) for k in ("batch", "lr", "warmup", "queries", "width")
+                   if getattr(args, k) is not None})
     if recipe.get("warmup", 0) == 1:
         raise CliError("--warmup must be a fraction in [0, 1), got 1")
     config = TrainConfig(

@@ -55,6 +55,8 @@ __all__ = [
     "TrainConfig",
     "RECIPE",
     "ORIGINAL_RECIPE",
+    "TRANSFORMER_RECIPE",
+    "recipe_for",
     "TrainResult",
     "RunDirError",
     "resolve_device",
@@ -225,6 +227,21 @@ class TrainConfig:
 #: and the same :func:`run_dir_for` directories as those runs (``shared_configs`` and
 #: ``depth_sweep`` of :mod:`fvlib.experiments` use it).
 ORIGINAL_RECIPE = {"lr": 3e-3, "warmup": 0.0, "queries": 64}
+
+#: The recipe of ``python -m fvlib train --arch transformer|transformer-open`` where a flag does
+#: not say otherwise: the standard transformers of :mod:`fvlib.transformer` diverge at the
+#: constrained models' learning rate and need no width 128 (what the bottlenecked model needed
+#: is measured in that module's docstring and in chapter 11).
+TRANSFORMER_RECIPE = {"lr": 2e-3, "warmup": 0.0, "queries": 64, "batch": 64, "width": 32}
+
+
+def recipe_for(arch: str) -> dict:
+    """The training settings that ``python -m fvlib train --arch ARCH`` uses where no flag is
+    given: ``{}`` (the :class:`TrainConfig` defaults, :data:`RECIPE`) for ``'constrained'``,
+    :data:`TRANSFORMER_RECIPE` for the standard transformers."""
+    if arch not in ARCHS:
+        raise ValueError(f"arch must be one of {tuple(ARCHS)}, got {arch!r}")
+    return {} if arch == "constrained" else dict(TRANSFORMER_RECIPE)
 
 
 @dataclass

@@ -38,8 +38,10 @@ tokens per context matters most (16 queries: excess loss 0.26 at lr ``2e-3``; 32
 ``product`` 0.26 at 16 queries and lr ``2e-3``; at ``5e-3`` 0.54 against 0.85). Single runs,
 seed 0. Through the CLI at seed 1 (evaluated on 8192 fresh contexts): 32 queries 0.144 (seed 2:
 0.063), 64 queries 0.049, against B' 0.187 with 64 queries, so seeds spread widely at 32
-queries. The book's training defaults (lr ``3e-3``, 64 queries, width 128) are the constrained
-models'.
+queries. The :class:`~fvlib.train.TrainConfig` defaults (:data:`fvlib.train.RECIPE`) are the
+constrained models'; ``python -m fvlib train --arch transformer`` takes
+:data:`fvlib.train.TRANSFORMER_RECIPE` (lr ``2e-3``, 64 queries, batch 64, ``d_model`` 32)
+where no flag is given.
 
 Hook points (names are module paths; layers numbered from 1, as in the book)::
 

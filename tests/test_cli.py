@@ -115,6 +115,26 @@ def test_train_uses_the_trainconfig_recipe_and_takes_overrides(tmp_path):
     assert (config.lr, config.warmup, config.queries) == (0.003, 0.0, 64)
 
 
+def test_train_transformer_defaults_are_the_transformer_recipe(tmp_path):
+    """--arch transformer without recipe flags trains with TRANSFORMER_RECIPE (the constrained
+    models' learning rate diverges there); a flag still overrides it."""
+    from fvlib.train import TRANSFORMER_RECIPE, load_run, recipe_for
+
+    common = ["train", "--arch", "transformer", "--model", "A", "--depth", "2", "--n-ctx", "8",
+              "--budget", "2", "--steps", "3", "--no-progress", "--json"]
+    out = run_cli(*common, "--out", str(tmp_path / "a"))
+    assert out.returncode == 0, out.stderr
+    config = load_run(tmp_path / "a")[1]
+    assert {k: getattr(config, k) for k in TRANSFORMER_RECIPE} == TRANSFORMER_RECIPE
+    out = run_cli(*common, "--out", str(tmp_path / "b"), "--lr", "0.001", "--width", "16")
+    assert out.returncode == 0, out.stderr
+    config = load_run(tmp_path / "b")[1]
+    assert (config.lr, config.width, config.batch) == (0.001, 16, TRANSFORMER_RECIPE["batch"])
+    assert recipe_for("constrained") == {} and recipe_for("transformer-open") == TRANSFORMER_RECIPE
+    with pytest.raises(ValueError, match="'rnn'"):
+        recipe_for("rnn")
+
+
 @pytest.mark.parametrize("value", ["1", "1.5", "-0.1", "x"])
 def test_train_bad_warmup_is_one_line(tmp_path, value):
     out = run_cli("train", "--model", "C", "--depth", "2", "--n-ctx", "8", "--budget", "2", "--steps", "5",
