@@ -135,6 +135,26 @@ def test_train_seeds_trains_the_own_seed_alone_and_the_others_batched(tmp_path, 
     assert [r.history for r in again["b"]] == [r.history for r in out["b"]]
 
 
+def test_train_seeds_alone_names_the_own_seed_runs_trained_alone(tmp_path, monkeypatch):
+    """Keys left out of ``alone`` train their own seed in the batched call (with the other
+    seeds, one stack): the run of that call, within float rounding of the run trained alone."""
+    from fvlib.batched import train_many
+    from fvlib.experiments import seed_configs, train_seeds
+    from fvlib.train import train
+
+    monkeypatch.setenv("FVLIB_RUN_ROOT", str(tmp_path))
+    configs = {"a": TrainConfig(**TINY_SWEEP), "b": TrainConfig(model="B", **TINY_SWEEP)}
+    out = train_seeds(configs, [0, 1], progress=False, alone=["a"])
+    assert out["a"][0].history == train_all({"a": configs["a"]}, progress=False)["a"].history
+    solo_b = train(configs["b"], progress=False)
+    batched_b = train_many(seed_configs(configs["b"], [0, 1]), progress=False)[0]
+    losses = [[e["eval_excess_loss"] for e in r.history] for r in (out["b"][0], batched_b, solo_b)]
+    assert losses[0] == losses[1]
+    assert abs(out["b"][0].final_loss / solo_b.final_loss - 1) < 1e-4
+    with pytest.raises(ValueError, match="'c'"):
+        train_seeds(configs, [0, 1], progress=False, alone=["c"])
+
+
 def test_depth_sweep_with_seeds_gives_the_spread_and_plots(tmp_path, monkeypatch):
     monkeypatch.setenv("FVLIB_RUN_ROOT", str(tmp_path))
     sweep = depth_sweep([1, 2], models=("A", "B"), progress=False, seeds=(0, 1, 2), **TINY_SWEEP)
