@@ -18,6 +18,7 @@ from fvlib.plots.training import (  # noqa: E402
     plot_training_curves,
 )
 from fvlib.theory import channel_tau2, gaussian_coordinate_loss, tree_posterior_cov, twin_finite_n_loss  # noqa: E402
+from fvlib.plots.style import STRATEGY_LABELS  # noqa: E402
 from fvlib.train import TrainConfig, run_dir_for  # noqa: E402
 
 
@@ -93,6 +94,12 @@ def test_depth_sweep_trains_tiny_runs_and_plots(tmp_path, monkeypatch):
     assert theory["adaptive_greedy"][0].shape == (2,)
     ax = plot_depth_sweep(sweep, theory)
     assert ax.get_yscale() == "log"
+    # the optimised adaptive policy has its own style (black, dash-dotted) and label
+    theory["adaptive_opt"] = (np.array([0.5, 0.2]), np.array([0.01, 0.01]))
+    lines = {ln.get_label(): ln for ln in plot_depth_sweep(sweep, theory).get_lines()}
+    line = lines[f"theory: {STRATEGY_LABELS['adaptive_opt']}"]
+    assert line.get_linestyle() == "-." and line.get_color() == "#000000"
+    np.testing.assert_allclose(line.get_ydata(), [0.5, 0.2])
 
 
 # ----- several seeds (batched) -------------------------------------------------------------
