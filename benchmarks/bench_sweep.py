@@ -18,8 +18,10 @@ them (both in memory, evaluations at step 0 and at the end on 2048 contexts incl
 compares the final excess losses. With per-model contexts each model still samples its own
 contexts (about a tenth of a step alone) and the stacked models read 8 different context
 sets; with shared contexts they are drawn once and read once (:func:`fvlib.models.measure`).
-The evaluations (2048 contexts per model at step 0 and at the end) run model by model in both
-ways, so they are a fixed cost that short runs (small ``--steps``) weigh more.
+The evaluations (2048 contexts per model at step 0 and at the end) run model by model
+under ``train``; under ``train_many`` the step-0 ones too, the final ones batched over the
+stack (one pass over the shared evaluation contexts), so short runs (small ``--steps``) weigh
+the step-0 evaluations more.
 The two last lines give the speedup of the last mode run (the shared one under ``both``)
 and the largest relative difference of final losses over every model of the modes run:
 

@@ -30,10 +30,11 @@ all models that would see the same ones alone.
   likewise differ at that level between stacks of different sizes.
 * **Evaluations.** The step-0 evaluation of each model is the one ``train`` does, model by
   model (bitwise the same). The later ones are batched: the models of a stack that are due
-  at the same step and share an evaluation set (:func:`fvlib.train._eval_set_key`) run it as
-  one ``vmap`` of ``predict_theta`` over their stacked parameters, reading each context once;
-  the numbers agree with evaluating each model alone to float rounding (tested). Models of
-  :mod:`fvlib.transformer` are evaluated model by model.
+  at the same step and share an evaluation set (the same prior, ``n_ctx``, ``noise_std``,
+  ``eval_contexts`` and data seed) run it as one ``vmap`` of ``predict_theta`` over their
+  stacked parameters, reading each context once; the numbers agree with evaluating each
+  model alone to float rounding (tested). Models of :mod:`fvlib.transformer` are evaluated
+  model by model.
 * **Cost.** Checkpoints are the ones ``train`` writes, model by model.
   ``TrainResult.seconds`` of each model is the wall time of the whole loop: do not sum them.
 """
