@@ -5,8 +5,9 @@ Not a test: run it by hand and read the numbers.
     python benchmarks/bench_sweep.py                  # shared contexts, 100 steps, 2 threads
     python benchmarks/bench_sweep.py --mode both --threads 1
 
-Trains 8 models of the reference configuration (the ``TrainConfig`` defaults: tree K=6,
-alpha=0.5, N=128, M=6, model A, batch 256, 64 query tokens) for ``--steps`` steps (default
+Trains 8 models of the reference configuration (tree K=6, alpha=0.5, N=128, M=6, model A,
+batch 256) with the book's original recipe (``fvlib.train.ORIGINAL_RECIPE``: lr 3e-3, 64
+query tokens, so that the numbers compare with earlier measurements) for ``--steps`` steps (default
 100, so that the benchmark takes a few minutes on 2 CPU cores), seeds 0..7, in one or two modes:
 
 * per-model contexts: ``data_seed=None``, each model draws its own contexts, as ``train``;
@@ -18,8 +19,10 @@ them (both in memory, evaluations at step 0 and at the end on 2048 contexts incl
 compares the final excess losses. With per-model contexts each model still samples its own
 contexts (about a tenth of a step alone) and the stacked models read 8 different context
 sets; with shared contexts they are drawn once and read once (:func:`fvlib.models.measure`).
-The evaluations (2048 contexts per model at step 0 and at the end) run model by model in both
-ways, so they are a fixed cost that short runs (small ``--steps``) weigh more.
+The evaluations (2048 contexts per model at step 0 and at the end) run model by model
+under ``train``; under ``train_many`` the step-0 ones too, the final ones batched over the
+stack (one pass over the shared evaluation contexts), so short runs (small ``--steps``) weigh
+the step-0 evaluations more.
 The two last lines give the speedup of the last mode run (the shared one under ``both``)
 and the largest relative difference of final losses over every model of the modes run:
 
@@ -36,14 +39,14 @@ import time
 import torch
 
 from fvlib.batched import train_many
-from fvlib.train import TrainConfig, train
+from fvlib.train import ORIGINAL_RECIPE, TrainConfig, train
 
 MODELS = 8
 MODES = {"per-model": None, "shared": 0}  # mode -> data_seed
 
 
 def configs(steps: int, data_seed: int | None) -> list[TrainConfig]:
-    base = TrainConfig(steps=steps, device="cpu", data_seed=data_seed)
+    base = TrainConfig(steps=steps, device="cpu", data_seed=data_seed, **ORIGINAL_RECIPE)
     return [dataclasses.replace(base, seed=seed) for seed in range(MODELS)]
 
 

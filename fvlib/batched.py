@@ -28,7 +28,14 @@ all models that would see the same ones alone.
   another order, so weights and losses then agree to float rounding that training carries
   along (tested: final losses within a relative ``1e-4``), not bitwise. A model's numbers can
   likewise differ at that level between stacks of different sizes.
-* **Cost.** Evaluations and checkpoints are the ones ``train`` does, model by model.
+* **Evaluations.** The step-0 evaluation of each model is the one ``train`` does, model by
+  model (bitwise the same). The later ones are batched: the models of a stack that are due
+  at the same step and share an evaluation set (the same prior, ``n_ctx``, ``noise_std``,
+  ``eval_contexts`` and data seed) run it as one ``vmap`` of ``predict_theta`` over their
+  stacked parameters, reading each context once; the numbers agree with evaluating each
+  model alone to float rounding (tested). Models of :mod:`fvlib.transformer` are evaluated
+  model by model.
+* **Cost.** Checkpoints are the ones ``train`` writes, model by model.
   ``TrainResult.seconds`` of each model is the wall time of the whole loop: do not sum them.
 """
 
@@ -44,11 +51,14 @@ from torch.func import functional_call, stack_module_state, vmap
 from tqdm.auto import tqdm
 
 from ._checks import check_int
+from .models import FVTransformer
+from .stats import squared_error
 from .train import (
     progress_shown,
     TrainConfig,
     TrainResult,
     _eval_set_key,
+    _eval_summary,
     _Run,
     lr_at,
     query_loss,
@@ -94,6 +104,17 @@ class _Stream:
         return self._moved[key]
 
 
+class _ThetaOf(torch.nn.Module):
+    """``forward`` is the wrapped model's ``predict_theta`` (for ``functional_call``)."""
+
+    def __init__(self, model: FVTransformer):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x, y, x_query):
+        return self.model.predict_theta(x, y, x_query)
+
+
 class _Stack:
     """``k`` runs of one architecture whose parameters are stacked along a leading axis ``k``."""
 
@@ -104,6 +125,7 @@ class _Stack:
         self.device = next(runs[0].model.parameters()).device
         self.params, self.buffers = stack_module_state([run.model for run in runs])  # (k, ...) each
         self.template = copy.deepcopy(runs[0].model).to("meta").train()
+        self.theta_template = _ThetaOf(copy.deepcopy(self.template).eval())
         self.optimizer = torch.optim.Adam(self.params.values(), lr=self.config.lr)
         self._stack_optimizer_state()
 
@@ -145,6 +167,39 @@ class _Stack:
         self.optimizer.step()
         self.step += 1
         return losses.tolist()
+
+    def _theta(self, params, buffers, x, y, x_query) -> torch.Tensor:
+        """One model's ``theta_hat (B, D)`` (``predict_theta``); vmapped over the stack."""
+        state = {f"model.{name}": value for name, value in {**params, **buffers}.items()}
+        return functional_call(self.theta_template, state, (x, y, x_query))
+
+    @torch.no_grad()
+    def evaluate(self, members: list[int]) -> dict[int, dict]:
+        """The evaluations of the models ``members`` at this step, batched per evaluation set:
+        ``{i: dict as _evaluate_batches returns}``; empty for models that are not
+        :class:`~fvlib.models.FVTransformer` (they are evaluated alone)."""
+        if not isinstance(self.runs[0].model, FVTransformer):
+            return {}
+        groups: dict[int, list[int]] = {}
+        for i in members:  # runs on the same evaluation contexts hold the same list
+            groups.setdefault(id(self.runs[i].eval_batches), []).append(i)
+        out = {}
+        for group in groups.values():
+            index = torch.tensor(group, device=self.device)
+            params = {name: value.detach()[index] for name, value in self.params.items()}
+            buffers = {name: value[index] for name, value in self.buffers.items()}
+            excess, query = [], []
+            for batch in self.runs[group[0]].eval_batches:
+                batch = batch.to(self.device)
+                theta_hat = vmap(self._theta, in_dims=(0, 0, None, None, None))(
+                    params, buffers, batch.x, batch.y, batch.x_query)  # (k, B, D)
+                excess.append(squared_error(theta_hat, batch.theta).double().cpu())  # (k, B)
+                y_hat = (theta_hat * batch.x_query).sum(-1)
+                query.append(((y_hat - batch.y_query) ** 2).double().cpu())
+            excess_all, query_all = torch.cat(excess, dim=1), torch.cat(query, dim=1)
+            for j, i in enumerate(group):
+                out[i] = _eval_summary(excess_all[j], query_all[j])
+        return out
 
     @torch.no_grad()
     def sync(self, i: int) -> None:
@@ -198,17 +253,21 @@ def _make_stacks(runs: list[_Run], stops: list[int]) -> list[_Stack]:
     return stacks
 
 
-def _after_step(stack: _Stack, i: int, loss: float) -> None:
-    """Model ``i``'s bookkeeping after a step, as in :func:`fvlib.train.train`."""
-    run = stack.runs[i]
-    run.count_step(loss)
-    evaluate, checkpoint = run.eval_due(), run.checkpoint_due(stack.stop)
-    if evaluate or checkpoint:
-        stack.sync(i)
-    if evaluate:
-        run.record_eval()
-    if checkpoint:
-        run.checkpoint()
+def _after_step(stack: _Stack, losses: list[float]) -> None:
+    """Every model's bookkeeping after a step, as in :func:`fvlib.train.train` (the
+    evaluations due batched, :meth:`_Stack.evaluate`)."""
+    for run, loss in zip(stack.runs, losses):
+        run.count_step(loss)
+    due = [i for i, run in enumerate(stack.runs) if run.eval_due()]
+    results = stack.evaluate(due) if due else {}
+    for i, run in enumerate(stack.runs):
+        evaluate, checkpoint = i in due, run.checkpoint_due(stack.stop)
+        if checkpoint or (evaluate and i not in results):
+            stack.sync(i)
+        if evaluate:
+            run.record_eval(results.get(i))
+        if checkpoint:
+            run.checkpoint()
 
 
 def train_many(
@@ -271,8 +330,7 @@ def train_many(
         for stream in {id(s): s for stack in active for s in stack.streams}.values():
             stream.draw()
         for stack in active:
-            for i, loss in enumerate(stack.train_step()):
-                _after_step(stack, i, loss)
+            _after_step(stack, stack.train_step())
             bar.update(len(stack.runs))
         active = [stack for stack in active if stack.step < stack.stop]
     bar.close()

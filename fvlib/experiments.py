@@ -177,28 +177,39 @@ def seed_configs(config: TrainConfig, seeds: Sequence[int]) -> list[TrainConfig]
 
 
 def train_seeds(configs: Mapping, seeds: Sequence[int], progress: bool = True,
-                threads: int | None = None) -> dict:
+                threads: int | None = None, alone: Sequence | None = None) -> dict:
     """Train (or reload) every config of ``configs`` at every seed (:func:`seed_configs`).
 
-    The run at a config's own seed is trained alone, as :func:`train_all` does, so it is
-    bitwise the run that other chapters load from the same directory; the runs of the other
-    seeds, of every config, are trained together in one :func:`fvlib.batched.train_many`
-    call (their final losses agree with training each alone to a relative ``1e-4``). Every run
-    goes to its :func:`~fvlib.train.run_dir_for` directory.
+    The run at the own seed of a config whose key is in ``alone`` (default: every key) is
+    trained alone, as :func:`train_all` does, so it is bitwise the run that other chapters
+    load from the same directory, whichever chapter trains it first; all the other runs, of
+    every config, are trained together in one :func:`fvlib.batched.train_many` call (their
+    final losses agree with training each alone to a relative ``1e-4``; configs of one
+    architecture share a stack whatever their prior). Every run goes to its
+    :func:`~fvlib.train.run_dir_for` directory, and finished runs are loaded, not retrained.
 
     ``threads``: torch CPU threads of the batched call (:func:`fvlib.batched.train_many`); the
-    runs at the configs' own seeds keep the current setting, so they stay bitwise those runs.
+    runs trained alone keep the current setting, so they stay bitwise those runs.
 
     Returns ``{key: [TrainResult, one per seed in the order of seeds]}``.
+
+    Raises:
+        ValueError: a key of ``alone`` that is not a key of ``configs``, or bad ``seeds``.
     """
+    alone_keys = list(configs) if alone is None else list(alone)
+    unknown = [key for key in alone_keys if key not in configs]
+    if unknown:
+        raise ValueError(f"alone names keys that are not in configs: {unknown!r}")
     per_key = {key: seed_configs(cfg, seeds) for key, cfg in configs.items()}
-    alone = {key: train(cfg, out_dir=run_dir_for(cfg), progress=progress)
-             for key, cfg in configs.items() if cfg.seed in seeds}
-    extra = [(key, c) for key, cfgs in per_key.items() for c in cfgs if c is not configs[key]]
+    solo = {key: train(cfg, out_dir=run_dir_for(cfg), progress=progress)
+            for key, cfg in configs.items() if cfg.seed in seeds and key in alone_keys}
+    extra = [(key, c) for key, cfgs in per_key.items() for c in cfgs
+             if not (c is configs[key] and key in alone_keys)]
     batched = train_many([c for _, c in extra], [run_dir_for(c) for _, c in extra],
                          progress=progress, threads=threads) if extra else []
     done = dict(zip([(key, c.seed) for key, c in extra], batched))
-    return {key: [alone[key] if c is configs[key] else done[(key, c.seed)] for c in cfgs]
+    return {key: [solo[key] if c is configs[key] and key in solo else done[(key, c.seed)]
+                  for c in cfgs]
             for key, cfgs in per_key.items()}
 
 

@@ -358,7 +358,11 @@ def _evaluate_batches(model: FVTransformer, batches: list[TaskBatch]) -> dict:
             excess.append(((y_hat - (batch.theta * batch.x_query).sum(-1)) ** 2).double().cpu())
         query.append(((y_hat - batch.y_query) ** 2).double().cpu())
     model.train(was_training)
-    excess_all, query_all = torch.cat(excess), torch.cat(query)
+    return _eval_summary(torch.cat(excess), torch.cat(query))
+
+
+def _eval_summary(excess_all: torch.Tensor, query_all: torch.Tensor) -> dict:
+    """An evaluation's numbers from the per-context excess and query losses ``(n,)`` each."""
     excess_loss, stderr = mean_and_stderr(excess_all)
     return {
         "excess_loss": float(excess_loss),
@@ -644,8 +648,9 @@ class _Run:
     def checkpoint_due(self, stop: int) -> bool:
         return self.step % self.config.checkpoint_every == 0 or self.step == stop
 
-    def record_eval(self) -> dict:
-        result = _evaluate_batches(self.model, self.eval_batches)
+    def record_eval(self, result: dict | None = None) -> dict:
+        """Evaluate the model (or book ``result``, its evaluation computed elsewhere)."""
+        result = _evaluate_batches(self.model, self.eval_batches) if result is None else result
         count = self.scalars["loss_count"]
         entry = {
             "step": self.step,

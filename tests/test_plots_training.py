@@ -18,6 +18,7 @@ from fvlib.plots.training import (  # noqa: E402
     plot_training_curves,
 )
 from fvlib.theory import channel_tau2, gaussian_coordinate_loss, tree_posterior_cov, twin_finite_n_loss  # noqa: E402
+from fvlib.plots.style import STRATEGY_LABELS  # noqa: E402
 from fvlib.train import ORIGINAL_RECIPE, TrainConfig, run_dir_for  # noqa: E402
 
 
@@ -96,6 +97,12 @@ def test_depth_sweep_trains_tiny_runs_and_plots(tmp_path, monkeypatch):
     assert theory["adaptive_greedy"][0].shape == (2,)
     ax = plot_depth_sweep(sweep, theory)
     assert ax.get_yscale() == "log"
+    # the optimised adaptive policy has its own style (black, dash-dotted) and label
+    theory["adaptive_opt"] = (np.array([0.5, 0.2]), np.array([0.01, 0.01]))
+    lines = {ln.get_label(): ln for ln in plot_depth_sweep(sweep, theory).get_lines()}
+    line = lines[f"theory: {STRATEGY_LABELS['adaptive_opt']}"]
+    assert line.get_linestyle() == "-." and line.get_color() == "#000000"
+    np.testing.assert_allclose(line.get_ydata(), [0.5, 0.2])
 
 
 # ----- several seeds (batched) -------------------------------------------------------------
@@ -136,6 +143,26 @@ def test_train_seeds_trains_the_own_seed_alone_and_the_others_batched(tmp_path, 
     assert len(list(tmp_path.iterdir())) == 6
     again = train_seeds(configs, [0, 1, 2], progress=False)  # everything reloaded
     assert [r.history for r in again["b"]] == [r.history for r in out["b"]]
+
+
+def test_train_seeds_alone_names_the_own_seed_runs_trained_alone(tmp_path, monkeypatch):
+    """Keys left out of ``alone`` train their own seed in the batched call (with the other
+    seeds, one stack): the run of that call, within float rounding of the run trained alone."""
+    from fvlib.batched import train_many
+    from fvlib.experiments import seed_configs, train_seeds
+    from fvlib.train import train
+
+    monkeypatch.setenv("FVLIB_RUN_ROOT", str(tmp_path))
+    configs = {"a": TrainConfig(**TINY_SWEEP), "b": TrainConfig(model="B", **TINY_SWEEP)}
+    out = train_seeds(configs, [0, 1], progress=False, alone=["a"])
+    assert out["a"][0].history == train_all({"a": configs["a"]}, progress=False)["a"].history
+    solo_b = train(configs["b"], progress=False)
+    batched_b = train_many(seed_configs(configs["b"], [0, 1]), progress=False)[0]
+    losses = [[e["eval_excess_loss"] for e in r.history] for r in (out["b"][0], batched_b, solo_b)]
+    assert losses[0] == losses[1]
+    assert abs(out["b"][0].final_loss / solo_b.final_loss - 1) < 1e-4
+    with pytest.raises(ValueError, match="'c'"):
+        train_seeds(configs, [0, 1], progress=False, alone=["c"])
 
 
 def test_depth_sweep_with_seeds_gives_the_spread_and_plots(tmp_path, monkeypatch):

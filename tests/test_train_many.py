@@ -9,7 +9,8 @@ from safetensors import safe_open
 
 from fvlib.batched import train_many
 from fvlib.experiments import shared_configs
-from fvlib.train import ORIGINAL_RECIPE, RunDirError, TrainConfig, load_run, run_dir_for, train
+from fvlib.train import (EVAL_SEED_OFFSET, ORIGINAL_RECIPE, RunDirError, TrainConfig, build_prior,
+                         evaluate, load_run, run_dir_for, train)
 
 #: Tiny but real: tree K=3 (D=7), N=32, budget 3, 40 steps.
 TINY = TrainConfig(
@@ -74,6 +75,21 @@ def test_shared_contexts_match_training_alone_with_that_data_seed():
     configs = seeds(TINY, 3, data_seed=7)
     for batched, config in zip(train_many(configs, progress=False), configs):
         assert_matches_alone(batched, train(config, progress=False))
+
+
+def test_batched_evaluations_match_evaluating_each_model_alone():
+    """The evaluations after step 0 run batched over a stack (two evaluation sets here: the
+    tree and the twin); each equals evaluating that model's own weights alone."""
+    configs = MIXED[:3] + seeds(TINY, 2, data_seed=7)
+    for result in train_many(configs, progress=False):
+        c = result.config
+        alone = evaluate(result.model, build_prior(c), c.n_ctx, c.noise_std, contexts=c.eval_contexts,
+                         seed=c.effective_data_seed + EVAL_SEED_OFFSET)
+        last = result.history[-1]
+        assert last["step"] == c.steps and alone["contexts"] == c.eval_contexts
+        for key in ("excess_loss", "query_loss"):
+            assert last[f"eval_{key}"] == pytest.approx(alone[key], rel=1e-6, abs=0)
+        assert last["eval_stderr"] == pytest.approx(alone["stderr"], rel=1e-5, abs=0)
 
 
 def test_train_many_is_bitwise_reproducible():

@@ -49,6 +49,7 @@ THEORY_STYLES = {
     "nonadaptive_coord": dict(color=OKABE_ITO["purple"], ls=":",
                               label=f"theory: {STRATEGY_LABELS['nonadaptive_coord']}"),
     "lmmse": dict(color=OKABE_ITO["blue"], ls="--", label=f"theory: {STRATEGY_LABELS['lmmse']}"),
+    "adaptive_opt": dict(color=OKABE_ITO["black"], ls="-.", label=f"theory: {STRATEGY_LABELS['adaptive_opt']}"),
     "gaussian_closed_form": dict(color="0.3", ls="--", label="Gaussian closed form"),
 }
 
