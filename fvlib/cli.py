@@ -1,4 +1,4 @@
-"""Command-line interface: ``python -m fvlib theory|train|patch|reproduce``.
+"""Command-line interface: ``python -m fvlib theory|train|warm|patch|reproduce``.
 
 The contract (subcommands, flags, JSON keys) is the book's appendix *Conventions*, section "The command line".
 
@@ -110,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     train.set_defaults(handler=_run_train)
 
+    warm = sub.add_parser("warm", help="train the book's shared runs ahead of the chapters, in parallel")
+    warm.add_argument("--jobs", type=_positive_int("--jobs"), default=2, help="processes (one thread each)")
+    warm.add_argument("--root", default=None, help="run root (default: $FVLIB_RUN_ROOT or ./.fvlib_runs)")
+    warm.add_argument("--json", action="store_true", help="print one JSON object")
+    warm.set_defaults(handler=_run_warm)
+
     patch = sub.add_parser("patch", help="key-patching heatmap of a trained tree-prior run")
     patch.add_argument("--run", required=True, help="run directory written by 'train'")
     patch.add_argument("--contexts", type=_positive_int("--contexts"), default=2000, help="pairs per split level")
@@ -182,6 +188,15 @@ def _run_train(args) -> dict:
         "model": config.model,
         "prior": config.prior,
     }
+
+
+def _run_warm(args) -> dict:
+    """The six shared runs of the book (models A, B, C on the tree and its twin, seed 0), the
+    costliest (model A) first, each trained alone as the chapters train them."""
+    from .experiments import shared_configs, train_parallel
+
+    configs = sorted(shared_configs().values(), key=lambda c: "ABC".index(c.model))
+    return {"runs": train_parallel(configs, jobs=args.jobs, root=args.root)}
 
 
 def _run_patch(args) -> dict:

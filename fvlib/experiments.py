@@ -92,6 +92,7 @@ from .train import ORIGINAL_RECIPE, TrainConfig, TrainResult, run_dir_for, train
 __all__ = [
     "shared_configs",
     "train_all",
+    "train_parallel",
     "seed_configs",
     "train_seeds",
     "final_losses",
@@ -147,6 +148,42 @@ def train_all(configs: Mapping, progress: bool = True) -> dict:
     Returns ``{key: TrainResult}`` with the keys of ``configs``.
     """
     return {key: train(cfg, out_dir=run_dir_for(cfg), progress=progress) for key, cfg in configs.items()}
+
+
+def _train_one_process(args) -> tuple[str, float]:
+    """Worker of :func:`train_parallel`: one thread, no progress bar; ``(run dir, final loss)``."""
+    config, out_dir = args
+    torch.set_num_threads(1)
+    result = train(config, out_dir=out_dir, progress=False)
+    return str(out_dir), result.final_loss
+
+
+def train_parallel(configs: Sequence[TrainConfig], jobs: int = 2, root=None) -> dict[str, float]:
+    """Train every config alone into ``run_dir_for(config, root)``, ``jobs`` processes at a time.
+
+    Each run is exactly the run :func:`train_all` (or a chapter's ``train``) would produce on
+    one thread: same directory, same numbers, since training is deterministic and runs do not
+    interact. Finished runs are loaded, not retrained, so a chapter that calls ``train`` on a
+    run trained here just loads it. ``make book`` uses it to train the shared runs on both
+    cores before the chapters execute one after another (``python -m fvlib warm``).
+
+    Returns ``{run directory: final excess loss}``.
+
+    Raises:
+        ValueError: ``jobs`` not a positive integer, or a config that is not a TrainConfig.
+    """
+    import multiprocessing
+
+    jobs = check_int("jobs", jobs, 1)
+    configs = list(configs)
+    for c in configs:
+        if not isinstance(c, TrainConfig):
+            raise ValueError(f"configs must be TrainConfig objects, got {c!r}")
+    work = [(c, run_dir_for(c, root)) for c in configs]
+    if jobs == 1 or len(work) <= 1:
+        return dict(_train_one_process(w) for w in work)
+    with multiprocessing.get_context("spawn").Pool(min(jobs, len(work))) as pool:
+        return dict(pool.imap_unordered(_train_one_process, work))
 
 
 def _check_seeds(seeds) -> list[int]:

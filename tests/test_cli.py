@@ -142,3 +142,9 @@ def test_train_bad_warmup_is_one_line(tmp_path, value):
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in out.stderr and "warmup" in lines[0]
+
+
+def test_warm_bad_jobs_is_one_line(tmp_path):
+    out = run_cli("warm", "--jobs", "0", "--root", str(tmp_path))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "--jobs" in out.stderr

@@ -258,3 +258,21 @@ def test_threads_are_set_for_the_loop_and_restored(monkeypatch):
     assert seen == [1 if before != 1 else 2] and torch.get_num_threads() == before
     with pytest.raises(ValueError, match="threads"):
         train_many([config], progress=False, threads=0)
+
+
+def test_train_parallel_gives_the_runs_train_gives(tmp_path):
+    """Runs trained in worker processes are bitwise the runs train gives on one thread, in
+    the run_dir_for directories; a second call loads them; bad jobs name the value."""
+    from fvlib.experiments import train_parallel
+
+    configs = [dataclasses.replace(TINY, steps=12, seed=s, model=m) for s, m in ((0, "A"), (1, "B"))]
+    losses = train_parallel(configs, jobs=2, root=tmp_path / "par")
+    torch.set_num_threads(1)
+    for config in configs:
+        alone = train(config, out_dir=run_dir_for(config, tmp_path / "alone"), progress=False)
+        assert losses[str(run_dir_for(config, tmp_path / "par"))] == alone.final_loss
+    assert train_parallel(configs, jobs=2, root=tmp_path / "par") == losses
+    with pytest.raises(ValueError, match="jobs"):
+        train_parallel(configs, jobs=0)
+    with pytest.raises(ValueError, match="TrainConfig"):
+        train_parallel(["A"])
