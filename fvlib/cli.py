@@ -192,10 +192,14 @@ def _run_train(args) -> dict:
 
 def _run_warm(args) -> dict:
     """The six shared runs of the book (models A, B, C on the tree and its twin, seed 0), the
-    costliest (model A) first, each trained alone as the chapters train them."""
-    from .experiments import shared_configs, train_parallel
+    costliest (model A) first, then chapter 8's model A with the new recipe and chapter 11's
+    standard transformers, each trained alone as the chapters train them."""
+    from .experiments import (new_recipe_config, shared_configs, train_parallel,
+                              transformer_chapter_configs)
 
-    configs = sorted(shared_configs().values(), key=lambda c: "ABC".index(c.model))
+    shared = shared_configs()
+    configs = sorted(shared.values(), key=lambda c: "ABC".index(c.model))
+    configs += [new_recipe_config(shared[("A", "tree")])] + transformer_chapter_configs()
     return {"runs": train_parallel(configs, jobs=args.jobs, root=args.root)}
 
 

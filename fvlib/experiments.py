@@ -87,12 +87,16 @@ from .theory import (
     noisefree_nonadaptive_loss,
     policy_value,
 )
-from .train import ORIGINAL_RECIPE, TrainConfig, TrainResult, run_dir_for, train
+from .train import ORIGINAL_RECIPE, RECIPE, TrainConfig, TrainResult, run_dir_for, train
 
 __all__ = [
     "shared_configs",
     "train_all",
     "train_parallel",
+    "new_recipe_config",
+    "TRANSFORMER_CHAPTER",
+    "TRANSFORMER_CHAPTER_FULL",
+    "transformer_chapter_configs",
     "seed_configs",
     "train_seeds",
     "final_losses",
@@ -184,6 +188,47 @@ def train_parallel(configs: Sequence[TrainConfig], jobs: int = 2, root=None) -> 
         return dict(_train_one_process(w) for w in work)
     with multiprocessing.get_context("spawn").Pool(min(jobs, len(work))) as pool:
         return dict(pool.imap_unordered(_train_one_process, work))
+
+
+def new_recipe_config(base: TrainConfig, full: bool = False) -> TrainConfig:
+    """Chapter 8's model A with the training recipe :data:`fvlib.train.RECIPE`: ``base`` (the
+    shared run of model A) with that recipe and 800 steps (``full``: 3000)."""
+    return replace(base, steps=3000 if full else 800, **RECIPE)
+
+
+#: Chapter 11's standard-transformer runs: the task, the bottlenecked models' training
+#: settings (``run``), the open ones' (``open_run``) and the training seeds.
+TRANSFORMER_CHAPTER = {
+    "task": dict(depth=2, alpha=0.7, n_ctx=16, noise_std=0.0, budget=2),
+    "run": dict(steps=300, batch=64, queries=64, width=32, lr=2e-3, warmup=0.0,
+                eval_every=100, eval_contexts=1024, checkpoint_every=300),
+    "open_run": dict(steps=300, batch=32, queries=16, width=32, lr=2e-3, warmup=0.0,
+                     eval_every=100, eval_contexts=1024, checkpoint_every=300),
+    "seeds": (1, 2),
+}
+#: Chapter 11's ``FULL`` setting (for a GPU): the issue's K = 4, N = 64 task, 3000 steps.
+TRANSFORMER_CHAPTER_FULL = {
+    "task": dict(depth=4, alpha=0.5, n_ctx=64, noise_std=0.0, budget=4),
+    "run": dict(steps=3000, batch=128, queries=64, width=64, lr=2e-3, warmup=0.0,
+                eval_every=250, eval_contexts=2048, checkpoint_every=500),
+    "open_run": dict(steps=3000, batch=128, queries=64, width=64, lr=2e-3, warmup=0.0,
+                     eval_every=250, eval_contexts=2048, checkpoint_every=500),
+    "seeds": (1, 2, 3),
+}
+
+
+def transformer_chapter_configs(full: bool = False, device: str = "auto") -> list[TrainConfig]:
+    """Chapter 11's runs (:data:`TRANSFORMER_CHAPTER`, or :data:`TRANSFORMER_CHAPTER_FULL`):
+    the bottlenecked A' and B' on the tree and its twin at every seed, then the open A' on
+    both priors at every seed, in that order (model, prior, seed)."""
+    setting = TRANSFORMER_CHAPTER_FULL if full else TRANSFORMER_CHAPTER
+    priors, seeds = ("tree", "gaussian-twin"), setting["seeds"]
+    configs = [TrainConfig(arch="transformer", model=kind, prior=prior, seed=seed, device=device,
+                           **setting["task"], **setting["run"])
+               for kind in ("A", "B") for prior in priors for seed in seeds]
+    return configs + [TrainConfig(arch="transformer-open", model="A", prior=prior, seed=seed,
+                                  device=device, **setting["task"], **setting["open_run"])
+                      for prior in priors for seed in seeds]
 
 
 def _check_seeds(seeds) -> list[int]:

@@ -276,3 +276,23 @@ def test_train_parallel_gives_the_runs_train_gives(tmp_path):
         train_parallel(configs, jobs=0)
     with pytest.raises(ValueError, match="TrainConfig"):
         train_parallel(["A"])
+
+
+def test_chapter_run_configs_are_the_chapters_runs():
+    """The configs that `python -m fvlib warm` trains ahead are those chapters 8 and 11 train:
+    the new-recipe model A (RECIPE, 800 steps) and the twelve standard transformers."""
+    from fvlib.experiments import (TRANSFORMER_CHAPTER, new_recipe_config,
+                                   transformer_chapter_configs)
+    from fvlib.train import RECIPE
+
+    base = shared_configs()[("A", "tree")]
+    new = new_recipe_config(base)
+    assert (new.steps, new.lr, new.warmup, new.queries) == (800, *[RECIPE[k] for k in ("lr", "warmup", "queries")])
+    assert new_recipe_config(base, full=True).steps == 3000
+    assert dataclasses.replace(new, steps=base.steps, **ORIGINAL_RECIPE) == base
+    configs = transformer_chapter_configs()
+    assert len(configs) == 6 * len(TRANSFORMER_CHAPTER["seeds"])
+    assert [c.arch for c in configs].count("transformer-open") == 2 * len(TRANSFORMER_CHAPTER["seeds"])
+    assert all(c.warmup == 0 and c.lr == 2e-3 and c.depth == 2 for c in configs)
+    assert len({run_dir_for(c) for c in configs}) == len(configs)
+    assert len(transformer_chapter_configs(full=True)) == 18
