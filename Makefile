@@ -49,8 +49,9 @@ $(STAMP): requirements.txt pyproject.toml
 # pages. -W turns warnings into errors, -n reports every broken reference, --keep-going
 # collects all of them before failing. TQDM_DISABLE=1: progress bars show live in Jupyter and
 # Colab, not as frozen text in the static pages. The chapters execute one after another on one
-# thread each, so `fvlib warm` first trains the six shared runs they load (the same runs,
-# loaded instead of retrained) two at a time, on both cores. An FVLIB_RUN_ROOT you set
+# thread each, so `fvlib warm` first trains the runs they train alone (the six shared runs,
+# chapter 8's new-recipe model A, chapter 11's transformers: the same runs, then loaded
+# instead of retrained) two at a time, on both cores. An FVLIB_RUN_ROOT you set
 # must be an absolute path (the chapters run in book/).
 book: $(STAMP)
 	rm -rf "$(HTML)" "$(BUILD)/.doctrees" "$(BUILD)/jupyter_execute"
