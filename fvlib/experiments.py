@@ -196,8 +196,9 @@ def new_recipe_config(base: TrainConfig, full: bool = False) -> TrainConfig:
     return replace(base, steps=3000 if full else 800, **RECIPE)
 
 
-#: Chapter 11's standard-transformer runs: the task, the bottlenecked models' training
-#: settings (``run``), the open ones' (``open_run``) and the training seeds.
+#: The standard-transformer runs of chapter 11, as a dict with the task (``task``), the
+#: bottlenecked models' training settings (``run``), the open ones' (``open_run``) and the
+#: training seeds (``seeds``).
 TRANSFORMER_CHAPTER = {
     "task": dict(depth=2, alpha=0.7, n_ctx=16, noise_std=0.0, budget=2),
     "run": dict(steps=300, batch=64, queries=64, width=32, lr=2e-3, warmup=0.0,
@@ -206,7 +207,7 @@ TRANSFORMER_CHAPTER = {
                      eval_every=100, eval_contexts=1024, checkpoint_every=300),
     "seeds": (1, 2),
 }
-#: Chapter 11's ``FULL`` setting (for a GPU): the issue's K = 4, N = 64 task, 3000 steps.
+#: The ``FULL`` setting of chapter 11 (for a GPU), with the K = 4, N = 64 task and 3000 steps.
 TRANSFORMER_CHAPTER_FULL = {
     "task": dict(depth=4, alpha=0.5, n_ctx=64, noise_std=0.0, budget=4),
     "run": dict(steps=3000, batch=128, queries=64, width=64, lr=2e-3, warmup=0.0,
