@@ -208,12 +208,12 @@ TRANSFORMER_CHAPTER = {
     "seeds": (1, 2),
 }
 #: The ``FULL`` setting of chapter 11 (for a GPU), with the K = 4, N = 64 task and 3000 steps.
+_FULL_RUN = dict(steps=3000, batch=128, queries=64, width=64, lr=2e-3, warmup=0.0,
+                 eval_every=250, eval_contexts=2048, checkpoint_every=500)
 TRANSFORMER_CHAPTER_FULL = {
     "task": dict(depth=4, alpha=0.5, n_ctx=64, noise_std=0.0, budget=4),
-    "run": dict(steps=3000, batch=128, queries=64, width=64, lr=2e-3, warmup=0.0,
-                eval_every=250, eval_contexts=2048, checkpoint_every=500),
-    "open_run": dict(steps=3000, batch=128, queries=64, width=64, lr=2e-3, warmup=0.0,
-                     eval_every=250, eval_contexts=2048, checkpoint_every=500),
+    "run": _FULL_RUN,
+    "open_run": dict(_FULL_RUN),   # at this size the open models train as the others
     "seeds": (1, 2, 3),
 }
 
