@@ -44,18 +44,21 @@ $(STAMP): requirements.txt pyproject.toml
 	@touch "$@"
 
 # ---------------------------------------------------------------------------------------
-# The book. Every chapter is executed on every build (a fresh Sphinx environment, and
-# execute_notebooks: force in _config.yml), so a change in fvlib always reaches the
-# pages. -W turns warnings into errors, -n reports every broken reference, --keep-going
+# The book. Every chapter is executed on every build (a fresh Sphinx environment and an
+# empty Jupyter cache), so a change in fvlib always reaches the pages. -W turns warnings into errors, -n reports every broken reference, --keep-going
 # collects all of them before failing. TQDM_DISABLE=1: progress bars show live in Jupyter and
 # Colab, not as frozen text in the static pages. The chapters execute one after another on one
 # thread each, so `fvlib warm` first trains the runs they train alone (the six shared runs,
 # chapter 8's new-recipe model A, chapter 11's transformers: the same runs, then loaded
-# instead of retrained) two at a time, on both cores. An FVLIB_RUN_ROOT you set
-# must be an absolute path (the chapters run in book/).
+# instead of retrained) two at a time, on both cores. Then scripts/execute_book.py executes
+# the notebooks two at a time (the longest, FIRST, starts first) into the Jupyter cache that
+# jupyter-book renders from (execute_notebooks: cache), one thread per kernel. An FVLIB_RUN_ROOT you set must be an
+# absolute path (the chapters run in book/).
+FIRST ?= book/08_experiments.ipynb
 book: $(STAMP)
-	rm -rf "$(HTML)" "$(BUILD)/.doctrees" "$(BUILD)/jupyter_execute"
+	rm -rf "$(HTML)" "$(BUILD)/.doctrees" "$(BUILD)/jupyter_execute" "$(BUILD)/.jupyter_cache"
 	$(BIN)/python -m fvlib warm --jobs 2 --root "$${FVLIB_RUN_ROOT:-book/.fvlib_runs}"
+	TQDM_DISABLE=1 OMP_NUM_THREADS=1 $(BIN)/python scripts/execute_book.py --jobs 2 --timeout 1200 --first $(FIRST)
 	TQDM_DISABLE=1 $(BIN)/jupyter-book build . -W -n --keep-going
 	@test -f "$(HTML)/index.html"
 	@echo "The book is in $(HTML)/index.html"

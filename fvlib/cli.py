@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     train.set_defaults(handler=_run_train)
 
-    warm = sub.add_parser("warm", help="train the book's shared runs ahead of the chapters, in parallel")
+    warm = sub.add_parser("warm", help="train the runs the chapters train, ahead of them, in parallel")
     warm.add_argument("--jobs", type=_positive_int("--jobs"), default=2, help="processes (one thread each)")
     warm.add_argument("--root", default=None, help="run root (default: $FVLIB_RUN_ROOT or ./.fvlib_runs)")
     warm.add_argument("--json", action="store_true", help="print one JSON object")
@@ -191,16 +191,11 @@ def _run_train(args) -> dict:
 
 
 def _run_warm(args) -> dict:
-    """The six shared runs of the book (models A, B, C on the tree and its twin, seed 0), the
-    costliest (model A) first, then chapter 8's model A with the new recipe and chapter 11's
-    standard transformers, each trained alone as the chapters train them."""
-    from .experiments import (new_recipe_config, shared_configs, train_parallel,
-                              transformer_chapter_configs)
+    """The runs the chapters train (:func:`fvlib.experiments.warm_work`), each exactly as the
+    chapter trains it, ``--jobs`` processes at a time."""
+    from .experiments import train_parallel, warm_work
 
-    shared = shared_configs()
-    configs = sorted(shared.values(), key=lambda c: "ABC".index(c.model))
-    configs += [new_recipe_config(shared[("A", "tree")])] + transformer_chapter_configs()
-    return {"runs": train_parallel(configs, jobs=args.jobs, root=args.root)}
+    return {"runs": train_parallel(warm_work(), jobs=args.jobs, root=args.root)}
 
 
 def _run_patch(args) -> dict:

@@ -97,10 +97,16 @@ __all__ = [
     "TRANSFORMER_CHAPTER",
     "TRANSFORMER_CHAPTER_FULL",
     "transformer_chapter_configs",
+    "SHARED_SEEDS",
+    "DEPTH_SWEEP",
+    "DEPTH_SWEEP_FULL",
+    "warm_work",
     "seed_configs",
+    "seed_plan",
     "train_seeds",
     "final_losses",
     "DepthSweep",
+    "depth_sweep_configs",
     "depth_sweep",
     "depth_sweep_theory",
     "closed_form_curves",
@@ -154,40 +160,56 @@ def train_all(configs: Mapping, progress: bool = True) -> dict:
     return {key: train(cfg, out_dir=run_dir_for(cfg), progress=progress) for key, cfg in configs.items()}
 
 
-def _train_one_process(args) -> tuple[str, float]:
-    """Worker of :func:`train_parallel`: one thread, no progress bar; ``(run dir, final loss)``."""
-    config, out_dir = args
+def _train_one_process(args) -> dict[str, float]:
+    """Worker of :func:`train_parallel`: one thread, no progress bar; ``{run dir: final loss}``
+    of one config trained alone, or of a batch trained by one ``train_many`` call."""
+    item, root = args
     torch.set_num_threads(1)
-    result = train(config, out_dir=out_dir, progress=False)
-    return str(out_dir), result.final_loss
+    if isinstance(item, TrainConfig):
+        out_dir = run_dir_for(item, root)
+        return {str(out_dir): train(item, out_dir=out_dir, progress=False).final_loss}
+    dirs = [run_dir_for(c, root) for c in item]
+    results = train_many(list(item), dirs, progress=False)
+    return {str(d): r.final_loss for d, r in zip(dirs, results)}
 
 
-def train_parallel(configs: Sequence[TrainConfig], jobs: int = 2, root=None) -> dict[str, float]:
-    """Train every config alone into ``run_dir_for(config, root)``, ``jobs`` processes at a time.
+def train_parallel(work: Sequence, jobs: int = 2, root=None) -> dict[str, float]:
+    """Train every item of ``work``, ``jobs`` processes at a time, each process on one thread.
 
-    Each run is exactly the run :func:`train_all` (or a chapter's ``train``) would produce on
-    one thread: same directory, same numbers, since training is deterministic and runs do not
-    interact. Finished runs are loaded, not retrained, so a chapter that calls ``train`` on a
-    run trained here just loads it. ``make book`` uses it to train the shared runs on both
-    cores before the chapters execute one after another (``python -m fvlib warm``).
+    An item is a :class:`~fvlib.train.TrainConfig`, trained alone into ``run_dir_for(config,
+    root)``, or a list of them, trained together by one :func:`fvlib.batched.train_many` call
+    into their ``run_dir_for`` directories. Each run is exactly the run that ``train`` (or
+    ``train_many`` on the same list) gives on one thread: same directory, same numbers, since
+    training is deterministic and the processes do not interact. Finished runs are loaded, not
+    retrained, so a chapter that trains a run trained here just loads it. The items start in
+    the order given: put the longest first. ``make book`` uses it to train the chapters' runs
+    on both cores before the chapters execute (``python -m fvlib warm``, :func:`warm_work`).
 
     Returns ``{run directory: final excess loss}``.
 
     Raises:
-        ValueError: ``jobs`` not a positive integer, or a config that is not a TrainConfig.
+        ValueError: ``jobs`` not a positive integer, or an item that is neither a TrainConfig
+            nor a non-empty list of them.
     """
     import multiprocessing
 
     jobs = check_int("jobs", jobs, 1)
-    configs = list(configs)
-    for c in configs:
-        if not isinstance(c, TrainConfig):
-            raise ValueError(f"configs must be TrainConfig objects, got {c!r}")
-    work = [(c, run_dir_for(c, root)) for c in configs]
-    if jobs == 1 or len(work) <= 1:
-        return dict(_train_one_process(w) for w in work)
-    with multiprocessing.get_context("spawn").Pool(min(jobs, len(work))) as pool:
-        return dict(pool.imap_unordered(_train_one_process, work))
+    items = []
+    for item in work:
+        batch = [item] if isinstance(item, TrainConfig) else item
+        if (isinstance(batch, (str, bytes)) or not isinstance(batch, Sequence) or not batch
+                or not all(isinstance(c, TrainConfig) for c in batch)):
+            raise ValueError(f"work items must be TrainConfig objects or non-empty lists of them, got {item!r}")
+        items.append((item if isinstance(item, TrainConfig) else tuple(item), root))
+    out: dict[str, float] = {}
+    if jobs == 1 or len(items) <= 1:
+        for item in items:
+            out.update(_train_one_process(item))
+        return out
+    with multiprocessing.get_context("spawn").Pool(min(jobs, len(items))) as pool:
+        for part in pool.imap_unordered(_train_one_process, items):
+            out.update(part)
+    return out
 
 
 def new_recipe_config(base: TrainConfig, full: bool = False) -> TrainConfig:
@@ -207,9 +229,9 @@ TRANSFORMER_CHAPTER = {
                      eval_every=100, eval_contexts=1024, checkpoint_every=300),
     "seeds": (1, 2),
 }
-#: The ``FULL`` setting of chapter 11 (for a GPU), with the K = 4, N = 64 task and 3000 steps.
 _FULL_RUN = dict(steps=3000, batch=128, queries=64, width=64, lr=2e-3, warmup=0.0,
                  eval_every=250, eval_contexts=2048, checkpoint_every=500)
+#: The ``FULL`` setting of chapter 11 (for a GPU), with the K = 4, N = 64 task and 3000 steps.
 TRANSFORMER_CHAPTER_FULL = {
     "task": dict(depth=4, alpha=0.5, n_ctx=64, noise_std=0.0, budget=4),
     "run": _FULL_RUN,
@@ -230,6 +252,36 @@ def transformer_chapter_configs(full: bool = False, device: str = "auto") -> lis
     return configs + [TrainConfig(arch="transformer-open", model="A", prior=prior, seed=seed,
                                   device=device, **setting["task"], **setting["open_run"])
                       for prior in priors for seed in seeds]
+
+
+#: Chapter 8's training seeds of the shared runs and of its depth sweep (seed 0 of a shared
+#: run is the run the other chapters load).
+SHARED_SEEDS = (0, 1, 2)
+#: Chapter 8's depth sweep on the tree prior, models A and B at budgets ``1..depth``, every
+#: training setting pinned (a larger learning rate and fewer steps than the shared runs).
+DEPTH_SWEEP = dict(prior="tree", depth=6, alpha=0.5, n_ctx=128, noise_std=0.0, steps=300, batch=128,
+                   lr=1e-2, queries=64, width=128, hidden_layers=2, eval_every=300, eval_contexts=2048)
+#: The ``FULL`` setting of chapter 8's depth sweep (for a GPU), with K = 8 and 1500 steps of 256 contexts.
+DEPTH_SWEEP_FULL = dict(DEPTH_SWEEP, depth=8, steps=1500, batch=256, eval_every=1500)
+
+
+def warm_work() -> list:
+    """What ``python -m fvlib warm`` trains ahead of the chapters (:func:`train_parallel` items).
+
+    The runs chapters 5 and 7 to 11 train, each exactly as the chapter trains it (one thread):
+    the batch of chapter 8's seeds 1 and 2 of the shared runs (:func:`seed_plan` with
+    :data:`SHARED_SEEDS`), the batch of its depth sweep (:func:`depth_sweep_configs` with
+    :data:`DEPTH_SWEEP`), the six shared runs alone (model A first), chapter 8's new-recipe
+    model A (:func:`new_recipe_config`) and chapter 11's transformers
+    (:func:`transformer_chapter_configs`): the longest first.
+    """
+    shared = shared_configs()
+    _, _, seeds_batch = seed_plan(shared, SHARED_SEEDS)
+    budgets = range(1, DEPTH_SWEEP["depth"] + 1)
+    _, sweep = depth_sweep_configs(budgets, ("A", "B"), SHARED_SEEDS, **DEPTH_SWEEP)
+    alone = sorted(shared.values(), key=lambda c: "ABC".index(c.model))
+    return [[c for _, c in seeds_batch], sweep, *alone, new_recipe_config(shared[("A", "tree")]),
+            *transformer_chapter_configs()]
 
 
 def _check_seeds(seeds) -> list[int]:
@@ -259,6 +311,29 @@ def seed_configs(config: TrainConfig, seeds: Sequence[int]) -> list[TrainConfig]
     return [config if s == config.seed else replace(config, seed=s, data_seed=data) for s in seeds]
 
 
+def seed_plan(configs: Mapping, seeds: Sequence[int], alone: Sequence | None = None) -> tuple[dict, dict, list]:
+    """How :func:`train_seeds` trains ``configs`` at ``seeds``: ``(per_key, solo, batched)``.
+
+    ``per_key``: ``{key: [config at each seed]}`` (:func:`seed_configs`); ``solo``: ``{key:
+    config}``, the runs trained alone (the own seed of every key in ``alone``, default every
+    key); ``batched``: ``[(key, config)]``, all the other runs, in the order of the one
+    ``train_many`` call that trains them (so ``python -m fvlib warm`` can train the very same
+    batch ahead).
+
+    Raises:
+        ValueError: a key of ``alone`` that is not a key of ``configs``, or bad ``seeds``.
+    """
+    alone_keys = list(configs) if alone is None else list(alone)
+    unknown = [key for key in alone_keys if key not in configs]
+    if unknown:
+        raise ValueError(f"alone names keys that are not in configs: {unknown!r}")
+    per_key = {key: seed_configs(cfg, seeds) for key, cfg in configs.items()}
+    solo = {key: cfg for key, cfg in configs.items() if cfg.seed in seeds and key in alone_keys}
+    batched = [(key, c) for key, cfgs in per_key.items() for c in cfgs
+               if not (c is configs[key] and key in alone_keys)]
+    return per_key, solo, batched
+
+
 def train_seeds(configs: Mapping, seeds: Sequence[int], progress: bool = True,
                 threads: int | None = None, alone: Sequence | None = None) -> dict:
     """Train (or reload) every config of ``configs`` at every seed (:func:`seed_configs`).
@@ -279,15 +354,8 @@ def train_seeds(configs: Mapping, seeds: Sequence[int], progress: bool = True,
     Raises:
         ValueError: a key of ``alone`` that is not a key of ``configs``, or bad ``seeds``.
     """
-    alone_keys = list(configs) if alone is None else list(alone)
-    unknown = [key for key in alone_keys if key not in configs]
-    if unknown:
-        raise ValueError(f"alone names keys that are not in configs: {unknown!r}")
-    per_key = {key: seed_configs(cfg, seeds) for key, cfg in configs.items()}
-    solo = {key: train(cfg, out_dir=run_dir_for(cfg), progress=progress)
-            for key, cfg in configs.items() if cfg.seed in seeds and key in alone_keys}
-    extra = [(key, c) for key, cfgs in per_key.items() for c in cfgs
-             if not (c is configs[key] and key in alone_keys)]
+    per_key, solo_configs, extra = seed_plan(configs, seeds, alone)
+    solo = {key: train(cfg, out_dir=run_dir_for(cfg), progress=progress) for key, cfg in solo_configs.items()}
     batched = train_many([c for _, c in extra], [run_dir_for(c) for _, c in extra],
                          progress=progress, threads=threads) if extra else []
     done = dict(zip([(key, c.seed) for key, c in extra], batched))
@@ -326,6 +394,23 @@ class DepthSweep:
     results: dict = field(default_factory=dict)
 
 
+def depth_sweep_configs(budgets: Sequence[int], models: Sequence[str] = ("A", "B"),
+                        seeds: Sequence[int] = (0,), **config) -> tuple[dict, list[TrainConfig]]:
+    """The configs :func:`depth_sweep` trains: ``(grid, flat)``, ``grid[model]`` a list (one per
+    seed) of lists (one per budget), ``flat`` all of them in the order of its one
+    ``train_many`` call. Fields of ``config`` not given default to
+    :data:`fvlib.train.ORIGINAL_RECIPE`."""
+    seeds = _check_seeds(seeds)
+    config = {**ORIGINAL_RECIPE, **config}
+    config.setdefault("data_seed", None)
+    grid = {}
+    for model in models:
+        first = [TrainConfig(model=model, budget=int(m), seed=seeds[0], **config) for m in budgets]
+        per_seed = [seed_configs(c, seeds) for c in first]  # (budgets, seeds)
+        grid[model] = [[per_seed[j][i] for j in range(len(first))] for i in range(len(seeds))]
+    return grid, [c for model in models for row in grid[model] for c in row]
+
+
 def depth_sweep(
     budgets: Sequence[int],
     models: Sequence[str] = ("A", "B"),
@@ -346,16 +431,9 @@ def depth_sweep(
     torch CPU threads of that call (``None``: the current setting). Fields of ``config`` not
     given default to :data:`fvlib.train.ORIGINAL_RECIPE`, the recipe the book's sweep used.
     """
+    grid, flat = depth_sweep_configs(budgets, models, seeds, **config)
     seeds = _check_seeds(seeds)
-    config = {**ORIGINAL_RECIPE, **config}
-    config.setdefault("data_seed", None)
     out = DepthSweep(budgets=np.asarray(list(budgets), dtype=int), seeds=tuple(seeds))
-    grid = {}
-    for model in models:
-        first = [TrainConfig(model=model, budget=int(m), seed=seeds[0], **config) for m in budgets]
-        per_seed = [seed_configs(c, seeds) for c in first]  # (budgets, seeds)
-        grid[model] = [[per_seed[j][i] for j in range(len(first))] for i in range(len(seeds))]
-    flat = [c for model in models for row in grid[model] for c in row]
     results = iter(train_many(flat, [run_dir_for(c) for c in flat], progress=progress, threads=threads))
     for model in models:
         res = [[next(results) for _ in row] for row in grid[model]]  # (seeds, budgets)

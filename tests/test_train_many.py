@@ -276,6 +276,44 @@ def test_train_parallel_gives_the_runs_train_gives(tmp_path):
         train_parallel(configs, jobs=0)
     with pytest.raises(ValueError, match="TrainConfig"):
         train_parallel(["A"])
+    with pytest.raises(ValueError, match=r"\[\]"):
+        train_parallel([configs[0], []])
+
+
+def test_train_parallel_trains_a_batch_as_train_many_does(tmp_path):
+    """A list item is one train_many call on one thread, in the run_dir_for directories."""
+    from fvlib.experiments import train_parallel
+
+    batch = [dataclasses.replace(TINY, steps=12, seed=s, data_seed=0) for s in (1, 2)]
+    single = dataclasses.replace(TINY, steps=12, model="B")
+    losses = train_parallel([batch, single], jobs=2, root=tmp_path / "par")
+    before = torch.get_num_threads()
+    together = train_many(batch, [run_dir_for(c, tmp_path / "many") for c in batch], progress=False, threads=1)
+    assert torch.get_num_threads() == before
+    for config, result in zip(batch, together):
+        assert losses[str(run_dir_for(config, tmp_path / "par"))] == result.final_loss
+    assert set(losses) == {str(run_dir_for(c, tmp_path / "par")) for c in [*batch, single]}
+
+
+def test_warm_work_is_what_chapter_8_trains():
+    """`python -m fvlib warm` trains chapter 8's batches exactly: the seeds train_seeds batches
+    and the configs depth_sweep trains, in their order, plus every run trained alone."""
+    from fvlib.experiments import (DEPTH_SWEEP, SHARED_SEEDS, depth_sweep_configs, seed_plan,
+                                   warm_work)
+
+    work = warm_work()
+    shared = shared_configs()
+    per_key, solo, batched = seed_plan(shared, SHARED_SEEDS)
+    assert work[0] == [c for _, c in batched] and len(work[0]) == 12
+    assert solo == shared and all(c.seed in (1, 2) and c.data_seed == 0 for c in work[0])
+    assert [c.seed for c in per_key[("A", "tree")]] == [0, 1, 2]
+    grid, flat = depth_sweep_configs(range(1, 7), ("A", "B"), SHARED_SEEDS, **DEPTH_SWEEP)
+    assert work[1] == flat and len(flat) == 36 and len(grid["A"]) == 3
+    alone = work[2:]
+    assert all(isinstance(c, TrainConfig) for c in alone)
+    assert set(shared.values()) <= set(alone)
+    dirs = [run_dir_for(c) for c in [*work[0], *work[1], *alone]]
+    assert len(set(dirs)) == len(dirs)
 
 
 def test_chapter_run_configs_are_the_chapters_runs():
