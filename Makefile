@@ -45,15 +45,19 @@ $(STAMP): requirements.txt pyproject.toml
 
 # ---------------------------------------------------------------------------------------
 # The book. Every chapter is executed on every build (a fresh Sphinx environment and an
-# empty Jupyter cache), so a change in fvlib always reaches the pages. -W turns warnings into errors, -n reports every broken reference, --keep-going
-# collects all of them before failing. TQDM_DISABLE=1: progress bars show live in Jupyter and
-# Colab, not as frozen text in the static pages. The chapters execute one after another on one
-# thread each, so `fvlib warm` first trains the runs they train alone (the six shared runs,
-# chapter 8's new-recipe model A, chapter 11's transformers: the same runs, then loaded
-# instead of retrained) two at a time, on both cores. Then scripts/execute_book.py executes
-# the notebooks two at a time (the longest, FIRST, starts first) into the Jupyter cache that
-# jupyter-book renders from (execute_notebooks: cache), one thread per kernel. An FVLIB_RUN_ROOT you set must be an
-# absolute path (the chapters run in book/).
+# empty Jupyter cache), so a change in fvlib always reaches the pages. -W turns warnings
+# into errors, -n reports every broken reference, --keep-going collects all of them before
+# failing. TQDM_DISABLE=1: progress bars show live in Jupyter and Colab, not as frozen text in
+# the static pages. Three steps, the first two on both cores:
+#  1. `fvlib warm` trains the runs the chapters train (fvlib.experiments.warm_work: the
+#     shared runs, chapter 8's seeds and depth sweep, its new-recipe model A, chapter 11's
+#     transformers), two processes of one thread, the longest first. The chapters then load
+#     them: the same runs, since training is deterministic.
+#  2. scripts/execute_book.py executes the notebooks two at a time, one thread per kernel
+#     (FIRST, the longest, starts first), into the Jupyter cache.
+#  3. jupyter-book renders the pages from that cache (execute_notebooks: cache in
+#     _config.yml); a notebook missing there it executes itself.
+# An FVLIB_RUN_ROOT you set must be an absolute path (the chapters run in book/).
 FIRST ?= book/08_experiments.ipynb
 book: $(STAMP)
 	rm -rf "$(HTML)" "$(BUILD)/.doctrees" "$(BUILD)/jupyter_execute" "$(BUILD)/.jupyter_cache"

@@ -5,7 +5,8 @@ a build one after another, and most chapters run on one thread, so one of two co
 for most of the build. This script executes every notebook listed in ``_toc.yml`` in
 ``--jobs`` kernels at once (``--first`` ones start first: put the longest there), exactly as
 myst-nb's own execution would (the notebook's folder as working directory, the same timeout,
-no errors allowed), and stores the executed notebooks in the Jupyter cache
+no errors allowed, ``FVLIB_LIVE_HTML=1`` as ``_ext/fvlib_live.py`` sets it for the build's
+kernels), and stores the executed notebooks in the Jupyter cache
 (``execute_notebooks: cache`` in ``_config.yml``). The build then renders them from the cache,
 and executes any notebook that is not there itself.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import os
 import sys
 from pathlib import Path
 
@@ -32,6 +34,8 @@ from jupyter_cache.base import CacheBundleIn
 from jupyter_cache.executors.utils import single_nb_execution
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "_ext"))
+import fvlib_live  # noqa: E402  (the book's Sphinx extension: what the build sets for the kernels)
 
 
 def toc_notebooks(toc: Path) -> list[Path]:
@@ -85,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
     notebooks = order(toc_notebooks(ROOT / "_toc.yml"), args.first)
+    # The kernels inherit the environment the build gives them (the live explorers' grids).
+    os.environ[fvlib_live.LIVE_ENV] = "1"
     cache = get_cache(args.cache)
     failed = []
     with concurrent.futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
