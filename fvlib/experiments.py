@@ -173,6 +173,16 @@ def _train_one_process(args) -> dict[str, float]:
     return {str(d): r.final_loss for d, r in zip(dirs, results)}
 
 
+def _work_item(item) -> TrainConfig | tuple[TrainConfig, ...]:
+    """A :func:`train_parallel` item checked: the config, or the batch as a tuple."""
+    if isinstance(item, TrainConfig):
+        return item
+    if (isinstance(item, Sequence) and not isinstance(item, (str, bytes)) and item
+            and all(isinstance(c, TrainConfig) for c in item)):
+        return tuple(item)
+    raise ValueError(f"work items must be TrainConfig objects or non-empty lists of them, got {item!r}")
+
+
 def train_parallel(work: Sequence, jobs: int = 2, root=None) -> dict[str, float]:
     """Train every item of ``work``, ``jobs`` processes at a time, each process on one thread.
 
@@ -194,13 +204,7 @@ def train_parallel(work: Sequence, jobs: int = 2, root=None) -> dict[str, float]
     import multiprocessing
 
     jobs = check_int("jobs", jobs, 1)
-    items = []
-    for item in work:
-        batch = [item] if isinstance(item, TrainConfig) else item
-        if (isinstance(batch, (str, bytes)) or not isinstance(batch, Sequence) or not batch
-                or not all(isinstance(c, TrainConfig) for c in batch)):
-            raise ValueError(f"work items must be TrainConfig objects or non-empty lists of them, got {item!r}")
-        items.append((item if isinstance(item, TrainConfig) else tuple(item), root))
+    items = [(_work_item(item), root) for item in work]
     out: dict[str, float] = {}
     if jobs == 1 or len(items) <= 1:
         for item in items:
@@ -431,8 +435,8 @@ def depth_sweep(
     torch CPU threads of that call (``None``: the current setting). Fields of ``config`` not
     given default to :data:`fvlib.train.ORIGINAL_RECIPE`, the recipe the book's sweep used.
     """
-    grid, flat = depth_sweep_configs(budgets, models, seeds, **config)
     seeds = _check_seeds(seeds)
+    grid, flat = depth_sweep_configs(budgets, models, seeds, **config)
     out = DepthSweep(budgets=np.asarray(list(budgets), dtype=int), seeds=tuple(seeds))
     results = iter(train_many(flat, [run_dir_for(c) for c in flat], progress=progress, threads=threads))
     for model in models:
