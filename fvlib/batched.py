@@ -8,7 +8,8 @@ all models that would see the same ones alone.
 
 * **Grouping.** Configs that train the same architecture (``TrainConfig.model_config()``:
   kind, budget, ``D``, width) on the same device, with the same ``lr``, ``warmup``, ``steps``, ``batch``,
-  ``n_ctx`` and ``queries``, and that stand at the same step, form one stack; seeds, data
+  ``n_ctx``, ``queries`` and router learning rate (``router_lr_scale`` where the router is
+  warm-started), and that stand at the same step, form one stack; seeds, data
   seeds, priors, ``alpha``, ``noise_std`` and the evaluation and checkpoint periods may
   differ. Other configs form other stacks, trained in the same loop; nothing is rejected.
 * **Contexts.** Each model draws its contexts from its own generator, seeded exactly as in
@@ -64,6 +65,7 @@ from .train import (
     query_loss,
     resolve_device,
     sample_training_batch,
+    set_learning_rate,
 )
 
 __all__ = ["train_many"]
@@ -72,7 +74,9 @@ __all__ = ["train_many"]
 def _stack_key(config: TrainConfig) -> tuple:
     """What configs must share to be trained in one stack (besides their current step)."""
     device = resolve_device(config.device)
-    return (config.model_config(), str(device), config.lr, config.warmup, config.steps, config.batch, config.n_ctx, config.queries)
+    router_lr = config.router_lr_scale if config.warm_starts else None  # the parameter groups' learning rates
+    return (config.model_config(), str(device), config.lr, config.warmup, config.steps, config.batch, config.n_ctx,
+            config.queries, router_lr)
 
 
 def _data_key(run: _Run) -> tuple:
@@ -126,8 +130,14 @@ class _Stack:
         self.params, self.buffers = stack_module_state([run.model for run in runs])  # (k, ...) each
         self.template = copy.deepcopy(runs[0].model).to("meta").train()
         self.theta_template = _ThetaOf(copy.deepcopy(self.template).eval())
-        self.optimizer = torch.optim.Adam(self.params.values(), lr=self.config.lr)
+        self.optimizer = torch.optim.Adam(self._parameter_groups(), lr=self.config.lr)
         self._stack_optimizer_state()
+
+    def _parameter_groups(self) -> list[dict]:
+        """The stacked parameters in the groups :func:`fvlib.train.parameter_groups` gives one run."""
+        by_id = {id(p): name for name, p in self.runs[0].model.named_parameters()}
+        return [{"params": [self.params[by_id[id(p)]] for p in group["params"]], "lr_scale": group["lr_scale"]}
+                for group in self.runs[0].optimizer.param_groups]
 
     def _run_params(self, run: _Run) -> dict:
         return dict(run.model.named_parameters())
@@ -158,8 +168,7 @@ class _Stack:
 
     def train_step(self) -> list[float]:
         """One Adam step of every model at ``lr_at(step)``; returns the ``k`` losses."""
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr_at(self.step, self.config)
+        set_learning_rate(self.optimizer, lr_at(self.step, self.config))
         data, axis = self._data()
         losses = vmap(self._loss, in_dims=(0, 0) + (axis,) * 4)(self.params, self.buffers, *data)  # (k,)
         self.optimizer.zero_grad(set_to_none=True)

@@ -99,12 +99,17 @@ def build_parser() -> argparse.ArgumentParser:
     # recipe of chapter 8's last section) for constrained models, TRANSFORMER_RECIPE otherwise
     train.add_argument("--batch", type=_positive_int("--batch"), default=None, help="contexts per step (default 256; transformers 64)")
     train.add_argument("--lr", type=_number("--lr", 0.0, None, low_open=True), default=None,
-                       help="peak learning rate (default 2e-2; transformers 2e-3)")
+                       help="peak learning rate (default 1e-2; transformers 2e-3)")
     train.add_argument("--warmup", type=_number("--warmup", 0.0, 1.0), default=None,
                        help="fraction of --steps spent warming up the learning rate, in [0, 1)")
     train.add_argument("--queries", type=_positive_int("--queries"), default=None,
                        help="query tokens per training context (default 256; transformers 64)")
-    train.add_argument("--width", type=_positive_int("--width"), default=None, help="MLP width, d_model for transformers (default 128; transformers 32)")
+    train.add_argument("--width", type=_positive_int("--width"), default=None, help="MLP width, d_model for transformers (default 256; transformers 32)")
+    train.add_argument("--router-warm-start", type=_integer("--router-warm-start", 0), default=None,
+                       help="model A on the tree prior: steps fitting its router to the greedy policy "
+                            "before training (default 600; 0: none)")
+    train.add_argument("--router-lr-scale", type=_number("--router-lr-scale", 0.0, 1.0, low_open=True), default=None,
+                       help="a warm-started router's learning rate as a fraction of --lr (default 0.1)")
     train.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda, ...")
     train.add_argument("--out", required=True, help="run directory (resumed if it holds a checkpoint)")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -170,7 +175,8 @@ def _run_train(args) -> dict:
     if args.seed < 0:
         raise CliError(f"--seed must be >= 0, got {args.seed}")
     recipe = recipe_for(args.arch)  # flags given override the architecture's recipe
-    recipe.update({k: getattr(args, k) for k in ("batch", "lr", "warmup", "queries", "width")
+    recipe.update({k: getattr(args, k) for k in ("batch", "lr", "warmup", "queries", "width",
+                                                  "router_warm_start", "router_lr_scale")
                    if getattr(args, k) is not None})
     if recipe.get("warmup", 0) == 1:
         raise CliError("--warmup must be a fraction in [0, 1), got 1")

@@ -87,12 +87,14 @@ from .theory import (
     noisefree_nonadaptive_loss,
     policy_value,
 )
+from .theory.adaptive_opt import GreedyRule
 from .train import ORIGINAL_RECIPE, RECIPE, TrainConfig, TrainResult, run_dir_for, train
 
 __all__ = [
     "shared_configs",
     "train_all",
     "train_parallel",
+    "NEW_RECIPE_STEPS",
     "new_recipe_config",
     "TRANSFORMER_CHAPTER",
     "TRANSFORMER_CHAPTER_FULL",
@@ -127,6 +129,7 @@ __all__ = [
     "router_directions",
     "router_bayes_decode",
     "router_policy_alignment",
+    "paired_ratio",
     "gap_table",
 ]
 
@@ -216,10 +219,15 @@ def train_parallel(work: Sequence, jobs: int = 2, root=None) -> dict[str, float]
     return out
 
 
-def new_recipe_config(base: TrainConfig, full: bool = False) -> TrainConfig:
+#: Training steps of chapter 8's new-recipe model A (:func:`new_recipe_config`).
+NEW_RECIPE_STEPS = 3000
+
+
+def new_recipe_config(base: TrainConfig) -> TrainConfig:
     """Chapter 8's model A with the training recipe :data:`fvlib.train.RECIPE`: ``base`` (the
-    shared run of model A) with that recipe and 800 steps (``full``: 3000)."""
-    return replace(base, steps=3000 if full else 800, **RECIPE)
+    shared run of model A, at ``K = 5`` or, in the chapter's ``FULL`` setting, ``K = 6``) with
+    that recipe and :data:`NEW_RECIPE_STEPS` steps."""
+    return replace(base, steps=NEW_RECIPE_STEPS, **RECIPE)
 
 
 #: The standard-transformer runs of chapter 11, as a dict with the task (``task``), the
@@ -275,8 +283,8 @@ def warm_work() -> list:
     The runs chapters 5 and 7 to 11 train, each exactly as the chapter trains it (one thread):
     the batch of chapter 8's seeds 1 and 2 of the shared runs (:func:`seed_plan` with
     :data:`SHARED_SEEDS`), the batch of its depth sweep (:func:`depth_sweep_configs` with
-    :data:`DEPTH_SWEEP`), the six shared runs alone (model A first), chapter 8's new-recipe
-    model A (:func:`new_recipe_config`) and chapter 11's transformers
+    :data:`DEPTH_SWEEP`), chapter 8's new-recipe model A (:func:`new_recipe_config`), the six
+    shared runs alone (model A first) and chapter 11's transformers
     (:func:`transformer_chapter_configs`): the longest first.
     """
     shared = shared_configs()
@@ -284,7 +292,7 @@ def warm_work() -> list:
     budgets = range(1, DEPTH_SWEEP["depth"] + 1)
     _, sweep = depth_sweep_configs(budgets, ("A", "B"), SHARED_SEEDS, **DEPTH_SWEEP)
     alone = sorted(shared.values(), key=lambda c: "ABC".index(c.model))
-    return [[c for _, c in seeds_batch], sweep, *alone, new_recipe_config(shared[("A", "tree")]),
+    return [[c for _, c in seeds_batch], sweep, new_recipe_config(shared[("A", "tree")]), *alone,
             *transformer_chapter_configs()]
 
 
@@ -842,7 +850,8 @@ def router_bayes_decode(model, tree: TreePrior, batch) -> dict:
     :func:`fvlib.theory.adaptive_opt.policy_rollout` with those rows forced, channel variance
     ``tau^2 = (E|theta|^2 + sigma^2) / N``). The readings are the model's own workspace: the
     function checks this. Returns ``{"model": (mean, stderr), "router_bayes": (mean, stderr),
-    "contexts": B}`` of the excess loss ``|theta_hat - theta|^2``.
+    "contexts": B, "per_context": {"model": (B,), "router_bayes": (B,)}}`` of the excess loss
+    ``|theta_hat - theta|^2``.
     """
     rows = router_directions(model, batch)
     cpu = batch.to("cpu", torch.float64)
@@ -859,10 +868,12 @@ def router_bayes_decode(model, tree: TreePrior, batch) -> dict:
     forced = {s + 1: rows[:, s] for s in range(rows.shape[1])}
     with torch.no_grad():
         bayes = policy_rollout(tree, None, FiniteSampleChannel(g_hat), rows.shape[1], tau2, forced).theta_hat
-    out = {"contexts": batch.batch_size}
+    out = {"contexts": batch.batch_size, "per_context": {}}
     for name, theta_hat in (("model", theta_model), ("router_bayes", bayes)):
-        mean, stderr = mean_and_stderr(squared_error(theta_hat, cpu.theta))
+        errors = squared_error(theta_hat, cpu.theta)
+        mean, stderr = mean_and_stderr(errors)
         out[name] = (float(mean), float(stderr))
+        out["per_context"][name] = errors
     return out
 
 
@@ -888,6 +899,18 @@ def router_policy_alignment(model, tree: TreePrior, batch, policy) -> torch.Tens
     return (rows * theory).sum(-1).abs().mean(0)
 
 
+def paired_ratio(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
+    """``mean(a) / mean(b)`` of two per-context losses ``(n,)`` on the same contexts, and its
+    standard error by the delta method, which counts their correlation:
+    ``var(a - R b) / (n mean(b)^2)`` with ``R`` the ratio."""
+    a, b = a.double().flatten(), b.double().flatten()
+    if a.shape != b.shape or a.numel() < 2:
+        raise ValueError(f"paired_ratio needs two losses on the same n >= 2 contexts, got {tuple(a.shape)} and {tuple(b.shape)}")
+    ratio = float(a.mean() / b.mean())
+    residual = a - ratio * b
+    return ratio, float(residual.std() / (math.sqrt(a.numel()) * b.mean()))
+
+
 def gap_table(model, config: TrainConfig, *, contexts: int = 4000, seed: int = 0, policy=None,
               others: Mapping | None = None) -> dict:
     """How close a trained model A comes to the best adaptive references, one dict of rows.
@@ -895,7 +918,12 @@ def gap_table(model, config: TrainConfig, *, contexts: int = 4000, seed: int = 0
     Rows (``(mean, stderr)`` of the excess loss): ``adaptive_greedy``, ``nonadaptive_opt`` and
     ``adaptive_opt`` (:func:`fvlib.theory.strategies.evaluate_strategies` on ``contexts`` finite-``N``
     contexts, ``seed``), ``model`` and ``router_bayes`` (:func:`router_bayes_decode` on
-    ``contexts`` task contexts drawn with ``seed``). ``policy``: an optimised adaptive policy
+    ``contexts`` task contexts drawn with ``seed``), and ``adaptive_greedy_paired`` and
+    ``adaptive_opt_paired``: the two adaptive references again, on the model rows' own contexts,
+    so that a model row and these compare paired (greedy's loss has a heavy tail: on two
+    independent sets of 4000 contexts it can differ by a fifth); ``best_paired``, the name of the
+    smaller of the two, and ``ratios``: ``{model row: (ratio, stderr)}``, each model row over
+    that best paired reference, context by context (:func:`paired_ratio`). ``policy``: an optimised adaptive policy
     to reuse. ``others``: ``{name: model}``, more models A of the same task (e.g. trained with
     another recipe), decoded on the very same contexts: rows ``name`` and
     ``name + "_router_bayes"``. Also ``adaptive_opt_kind`` (which candidate the optimisation
@@ -918,6 +946,20 @@ def gap_table(model, config: TrainConfig, *, contexts: int = 4000, seed: int = 0
     generator = make_generator(seed)
     batches = [sample_task(tree, min(512, contexts - i), config.n_ctx, config.noise_std, generator)
                for i in range(0, contexts, 512)]
+    paired = {}   # per-context errors on the model rows' contexts
+    for name, rule in (("adaptive_greedy_paired", GreedyRule(tree)), ("adaptive_opt_paired", policy.policy)):
+        errors = []
+        for b in batches:
+            g_hat = b.to("cpu", torch.float64).sufficient_statistic()
+            with torch.no_grad():
+                theta_hat = policy_rollout(tree, rule, FiniteSampleChannel(g_hat), config.budget, tau2).theta_hat
+            errors.append(squared_error(theta_hat, b.theta.double().cpu()))
+        paired[name] = torch.cat(errors)
+        mean, stderr = mean_and_stderr(paired[name])
+        out[name] = (float(mean), float(stderr))
+    best = min(paired, key=lambda name: float(paired[name].mean()))
+    out["best_paired"] = best
+    out["ratios"] = {}
     named = {"": model, **dict(others or {})}
     for prefix in named:
         if prefix and (not isinstance(prefix, str) or prefix in out or prefix in ("model", "router_bayes")):
@@ -931,6 +973,8 @@ def gap_table(model, config: TrainConfig, *, contexts: int = 4000, seed: int = 0
             var = sum((p[name][1] ** 2) * p["contexts"] ** 2 for p in parts) / n**2
             row = name if not prefix else (prefix if name == "model" else f"{prefix}_router_bayes")
             out[row] = (mean, math.sqrt(var))
+            errors = torch.cat([p["per_context"][name] for p in parts])
+            out["ratios"][row] = paired_ratio(errors, paired[best])
     out["adaptive_opt_kind"] = policy.kind
     out["adaptive_opt_policy"] = policy
     out["adaptive_opt_seconds"] = seconds

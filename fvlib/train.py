@@ -52,6 +52,8 @@ __all__ = [
     "PRIOR_KINDS",
     "ARCHS",
     "EVAL_SEED_OFFSET",
+    "WARM_START_SEED_OFFSET",
+    "WARM_START_LR",
     "TrainConfig",
     "RECIPE",
     "ORIGINAL_RECIPE",
@@ -65,6 +67,8 @@ __all__ = [
     "lr_at",
     "sample_queries",
     "sample_training_batch",
+    "parameter_groups",
+    "set_learning_rate",
     "training_step",
     "evaluate",
     "train",
@@ -82,6 +86,8 @@ ARCHS = {"constrained": None, "transformer": "bottlenecked", "transformer-open":
 #: The evaluation contexts are drawn with ``effective_data_seed + EVAL_SEED_OFFSET``, never seen
 #: in training.
 EVAL_SEED_OFFSET = 10_000
+#: The router warm start draws its contexts with ``effective_data_seed + WARM_START_SEED_OFFSET``.
+WARM_START_SEED_OFFSET = 20_000
 #: Config fields that may change between an interrupted run and its resumption.
 RESUMABLE_FIELDS = ("device", "checkpoint_every")
 
@@ -99,9 +105,16 @@ class RunDirError(ValueError):
 # Configuration
 # ----------------------------------------------------------------------------------------
 #: The training recipe of the :class:`TrainConfig` defaults (and so of ``python -m fvlib
-#: train``): peak learning rate, warm-up fraction and query tokens per context, found in
-#: chapter 8's section on closing the gap to the adaptive references.
-RECIPE = {"lr": 2e-2, "warmup": 0.05, "queries": 256}
+#: train``), found in chapter 8's section on closing the gap to the adaptive references: peak
+#: learning rate, warm-up fraction, query tokens per context, MLP width, and for model A on the
+#: tree prior a router warm-started at the greedy coordinate policy (``router_warm_start``
+#: regression steps, :mod:`fvlib.warm_start`) that then trains at ``router_lr_scale`` times
+#: the learning rate.
+RECIPE = {"lr": 1e-2, "warmup": 0.05, "queries": 256, "width": 256, "router_warm_start": 600,
+          "router_lr_scale": 0.1}
+
+#: Learning rate of the router warm start (:func:`fvlib.warm_start.warm_start_router`).
+WARM_START_LR = 1e-2
 
 
 @dataclass(frozen=True)
@@ -119,6 +132,14 @@ class TrainConfig:
             cosine decay (see :func:`lr_at`); ``0``, the book's original recipe, starts at the peak.
         queries: query tokens per training context (the loss averages over them).
         width, hidden_layers: router and decoder MLP size.
+        router_warm_start: model A on the tree prior only (ignored otherwise, see
+            :meth:`warm_starts`): before training, this many steps fit its router to the
+            greedy coordinate policy (:func:`fvlib.warm_start.warm_start_router`, ``batch``
+            contexts a step, drawn with ``effective_data_seed + WARM_START_SEED_OFFSET``, so
+            the training contexts are those of a run without warm start); ``0``, the book's
+            original recipe, starts from the random initialisation.
+        router_lr_scale: with a warm start, the router (every ``blocks.*`` parameter) trains
+            at ``router_lr_scale * lr_at(step)``; ignored without one.
         seed: seeds the model initialisation, and the data when ``data_seed`` is ``None``.
         data_seed: seeds the data: the training contexts and the evaluation set (drawn with
             ``data_seed + 10_000``); ``None`` (the default) uses ``seed``. Runs with the same
@@ -146,8 +167,10 @@ class TrainConfig:
     lr: float = RECIPE["lr"]
     warmup: float = RECIPE["warmup"]
     queries: int = RECIPE["queries"]
-    width: int = 128
+    width: int = RECIPE["width"]
     hidden_layers: int = 2
+    router_warm_start: int = RECIPE["router_warm_start"]
+    router_lr_scale: float = RECIPE["router_lr_scale"]
     seed: int = 0
     data_seed: int | None = None
     eval_every: int = 250
@@ -178,6 +201,8 @@ class TrainConfig:
         ):
             check_int(name, getattr(self, name), 1)
         check_int("seed", self.seed, 0)
+        check_int("router_warm_start", self.router_warm_start, 0)
+        check_number("router_lr_scale", self.router_lr_scale, 0, 1, low_open=True)
         check_number("warmup", self.warmup, 0, 1)
         if self.warmup == 1:
             raise ValueError(f"warmup must be a fraction in [0, 1), got {self.warmup!r}")
@@ -198,7 +223,8 @@ class TrainConfig:
 
         A dict that gives ``lr`` but no ``warmup`` is a config saved before ``warmup`` existed
         (saved configs name every field): it had no warm-up, so ``warmup = 0`` there, not the
-        current default.
+        current default. Likewise a dict that gives ``lr`` but no ``router_warm_start`` was
+        saved before the warm start existed: ``router_warm_start = 0``.
         """
         if not isinstance(data, Mapping):
             raise ValueError(f"train config must be a mapping, got {type(data).__name__}")
@@ -207,7 +233,16 @@ class TrainConfig:
             raise ValueError(f"unknown train config keys: {unknown}")
         if "lr" in data and "warmup" not in data:
             data = {**data, "warmup": 0.0}
+        if "lr" in data and "router_warm_start" not in data:
+            data = {**data, "router_warm_start": 0}
         return cls(**data)
+
+    @property
+    def warm_starts(self) -> bool:
+        """Whether the run warm-starts its router: model A (constrained) on the tree prior
+        with ``router_warm_start > 0``. Only then does ``router_lr_scale`` apply."""
+        return (self.router_warm_start > 0 and self.arch == "constrained" and self.model == "A"
+                and self.prior == "tree")
 
     @property
     def effective_data_seed(self) -> int:
@@ -226,7 +261,8 @@ class TrainConfig:
 #: :class:`TrainConfig` defaults: ``TrainConfig(**ORIGINAL_RECIPE, ...)`` gives the same numbers
 #: and the same :func:`run_dir_for` directories as those runs (``shared_configs`` and
 #: ``depth_sweep`` of :mod:`fvlib.experiments` use it).
-ORIGINAL_RECIPE = {"lr": 3e-3, "warmup": 0.0, "queries": 64}
+ORIGINAL_RECIPE = {"lr": 3e-3, "warmup": 0.0, "queries": 64, "width": 128, "router_warm_start": 0,
+                   "router_lr_scale": 1.0}
 
 #: The recipe of ``python -m fvlib train --arch transformer|transformer-open`` where a flag does
 #: not say otherwise: the standard transformers of :mod:`fvlib.transformer` diverge at the
@@ -574,11 +610,29 @@ def sample_training_batch(
     return batch, x_query, y_query
 
 
-def training_step(model, optimizer, batch: TaskBatch, x_query, y_query, lr: float) -> float:
-    """One Adam step on the query-token loss at learning rate ``lr``; returns the loss."""
-    device = next(model.parameters()).device
+def parameter_groups(model, config: TrainConfig) -> list[dict]:
+    """Adam's parameter groups: one group, or with a warm-started router (:attr:`TrainConfig.warm_starts`)
+    the router's parameters (``blocks.*``) with ``lr_scale = router_lr_scale`` and the rest
+    with ``lr_scale = 1``. Each group's learning rate is ``lr_scale * lr_at(step)``."""
+    named = list(model.named_parameters())
+    if not config.warm_starts:
+        return [{"params": [p for _, p in named], "lr_scale": 1.0}]
+    router = [p for name, p in named if name.startswith("blocks.")]
+    rest = [p for name, p in named if not name.startswith("blocks.")]
+    return [{"params": router, "lr_scale": config.router_lr_scale}, {"params": rest, "lr_scale": 1.0}]
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Every group at ``group["lr_scale"] * lr`` (see :func:`parameter_groups`)."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = group.get("lr_scale", 1.0) * lr
+
+
+def training_step(model, optimizer, batch: TaskBatch, x_query, y_query, lr: float) -> float:
+    """One Adam step on the query-token loss at learning rate ``lr`` (times each parameter
+    group's ``lr_scale``); returns the loss."""
+    device = next(model.parameters()).device
+    set_learning_rate(optimizer, lr)
     loss = query_loss(model, batch.x.to(device), batch.y.to(device), x_query.to(device), y_query.to(device))
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -600,7 +654,7 @@ class _Run:
         self.config, self.out_dir = config, out_dir
         self.prior = build_prior(config)
         self.model = build_model(config).to(resolve_device(config.device))
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr)
+        self.optimizer = torch.optim.Adam(parameter_groups(self.model, config), lr=config.lr)
         self.generator = make_generator(config.effective_data_seed)
         if eval_batches is None:
             eval_batches = _sample_eval_batches(
@@ -613,11 +667,23 @@ class _Run:
         self.eval_batches = eval_batches
         self.step, self.history = 0, []
         self.scalars = {"loss_sum": 0.0, "loss_count": 0, "seconds": 0.0}
-        if out_dir is not None:
-            self._open_run_dir(resume)
+        restored = self._open_run_dir(resume) if out_dir is not None else False
+        if config.warm_starts and not restored:
+            self._warm_start()
         self.start_time = time.perf_counter() - self.scalars["seconds"]
 
-    def _open_run_dir(self, resume: bool) -> None:
+    def _warm_start(self) -> None:
+        """Fit model A's router to the greedy policy before step 0 (:mod:`fvlib.warm_start`)."""
+        from .warm_start import warm_start_router
+
+        start = time.perf_counter()
+        c = self.config
+        warm_start_router(self.model, self.prior, c.n_ctx, c.noise_std, steps=c.router_warm_start, batch=c.batch,
+                          generator=make_generator(c.effective_data_seed + WARM_START_SEED_OFFSET), lr=WARM_START_LR)
+        self.scalars["seconds"] += time.perf_counter() - start
+
+    def _open_run_dir(self, resume: bool) -> bool:
+        """Create or reopen the run directory; ``True`` when a checkpoint was restored."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
         restored = (
             _try_resume(self.out_dir, self.config, self.model, self.optimizer, self.generator)
@@ -626,8 +692,9 @@ class _Run:
         )
         if restored is None:
             _write_config(self.out_dir, self.config, self.model)
-        else:
-            self.step, self.history, self.scalars = restored
+            return False
+        self.step, self.history, self.scalars = restored
+        return True
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start_time
@@ -811,13 +878,16 @@ def run_dir_for(config: TrainConfig, root: str | os.PathLike | None = None) -> P
     same config (another chapter, a re-run), resumes the finished run instead of retraining: the
     numbers are identical either way because training is deterministic. ``root`` defaults to
     ``$FVLIB_RUN_ROOT`` or ``./.fvlib_runs``. A ``data_seed`` of ``None`` is left out of the
-    name, so runs named before that field existed keep their directories; so is a ``warmup`` of 0.
+    name, so runs named before that field existed keep their directories; so is a ``warmup`` of 0,
+    and so are ``router_warm_start`` and ``router_lr_scale`` when the run does not warm-start
+    (:attr:`TrainConfig.warm_starts`: they change nothing then).
     """
     root = Path(root if root is not None else os.environ.get(RUN_ROOT_ENV, ".fvlib_runs"))
     fields_that_matter = {
         k: v
         for k, v in config.to_dict().items()
         if k not in RESUMABLE_FIELDS and not (k == "data_seed" and v is None) and not (k == "warmup" and v == 0)
+        and not (k in ("router_warm_start", "router_lr_scale") and not config.warm_starts)
     }
     if config.arch == "constrained":  # the names runs had before ``arch`` existed
         del fields_that_matter["arch"]

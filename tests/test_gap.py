@@ -49,9 +49,17 @@ def test_gap_table_rows():
     tree, model, _ = _model_and_batch(budget=2)
     config = TrainConfig(depth=3, budget=2, n_ctx=64, noise_std=0.1, steps=1)
     table = gap_table(model, config, contexts=600, seed=1)
-    for row in ("adaptive_greedy", "nonadaptive_opt", "adaptive_opt", "model", "router_bayes"):
+    for row in ("adaptive_greedy", "nonadaptive_opt", "adaptive_opt", "model", "router_bayes",
+                "adaptive_greedy_paired", "adaptive_opt_paired"):
         mean, stderr = table[row]
         assert 0 <= mean and 0 <= stderr < mean
+    # the paired rows: the same policies on other contexts (the model rows'), so other numbers
+    # that agree within Monte Carlo error
+    for row in ("adaptive_greedy", "adaptive_opt"):
+        (m1, s1), (m2, s2) = table[row], table[row + "_paired"]
+        assert m1 != m2 and abs(m1 - m2) < 4 * (s1**2 + s2**2) ** 0.5, row
+    if table["adaptive_opt_kind"] == "greedy":
+        assert table["adaptive_opt_paired"] == table["adaptive_greedy_paired"]
     best = min(table["adaptive_greedy"][0], table["nonadaptive_opt"][0])
     assert table["adaptive_opt"][0] <= best + 3 * max(table["adaptive_greedy"][1], table["nonadaptive_opt"][1])
     assert table["adaptive_opt_kind"] in ("learned", "greedy", "nonadaptive_opt")
@@ -92,3 +100,34 @@ def test_alignment_with_the_routers_own_rows():
     wide = FVTransformer(model_config("B", tree, 3))
     with pytest.raises(ValueError, match="channel"):
         router_policy_alignment(wide, tree, batch, own)
+
+
+def test_paired_ratio():
+    from fvlib.experiments import paired_ratio
+
+    gen = torch.Generator().manual_seed(0)
+    b = torch.rand(5000, generator=gen, dtype=torch.float64) ** 4   # a heavy-ish tail
+    assert paired_ratio(b, b) == (1.0, 0.0)
+    ratio, stderr = paired_ratio(2 * b, b)
+    assert ratio == pytest.approx(2.0) and stderr == pytest.approx(0.0, abs=1e-12)
+    # correlated pairs: a far smaller error than the two means' own errors suggest
+    a = 1.3 * b + 0.01 * torch.rand(5000, generator=gen, dtype=torch.float64)
+    ratio, stderr = paired_ratio(a, b)
+    unpaired = ratio * ((a.std() / a.mean()) ** 2 + (b.std() / b.mean()) ** 2).sqrt() / 5000**0.5
+    assert abs(ratio - 1.3 - 0.005 / b.mean()) < 0.01 and 0 < stderr < 0.2 * unpaired
+    # against resampling: the spread of the ratio over independent halves
+    halves = [paired_ratio(a[i::10], b[i::10])[0] for i in range(10)]
+    assert torch.tensor(halves).std() / 10**0.5 == pytest.approx(stderr, rel=0.6)
+    with pytest.raises(ValueError, match="same n"):
+        paired_ratio(a, b[:10])
+
+
+def test_gap_table_ratios_are_paired():
+    tree, model, _ = _model_and_batch(budget=2)
+    config = TrainConfig(depth=3, budget=2, n_ctx=64, noise_std=0.1, steps=1)
+    table = gap_table(model, config, contexts=600, seed=1)
+    best = table[table["best_paired"]][0]
+    assert best == min(table["adaptive_greedy_paired"][0], table["adaptive_opt_paired"][0])
+    for row in ("model", "router_bayes"):
+        ratio, stderr = table["ratios"][row]
+        assert ratio == pytest.approx(table[row][0] / best) and 0 < stderr < ratio

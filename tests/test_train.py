@@ -33,6 +33,7 @@ TINY = TrainConfig(
     batch=32,
     queries=8,
     width=16,
+    router_warm_start=20,
     eval_every=10,
     eval_contexts=64,
     checkpoint_every=15,
@@ -118,11 +119,13 @@ def test_warmup_must_be_a_fraction(bad):
 def test_default_recipe_and_the_original_one():
     """The defaults are the recipe of chapter 8's closing section; ORIGINAL_RECIPE is the old one."""
     default = TrainConfig()
-    assert (default.lr, default.warmup, default.queries) == (2e-2, 0.05, 256)
+    assert (default.lr, default.warmup, default.queries, default.width) == (1e-2, 0.05, 256, 256)
+    assert (default.router_warm_start, default.router_lr_scale) == (600, 0.1) and default.warm_starts
     assert {k: getattr(default, k) for k in RECIPE} == RECIPE and set(RECIPE) == set(ORIGINAL_RECIPE)
-    assert ORIGINAL_RECIPE == {"lr": 3e-3, "warmup": 0.0, "queries": 64}
+    assert ORIGINAL_RECIPE == {"lr": 3e-3, "warmup": 0.0, "queries": 64, "width": 128,
+                               "router_warm_start": 0, "router_lr_scale": 1.0}
     old = TrainConfig(**ORIGINAL_RECIPE)
-    assert lr_at(0, old) == 3e-3 and old.queries == 64
+    assert lr_at(0, old) == 3e-3 and old.queries == 64 and not old.warm_starts
 
 
 def test_resolve_device():
