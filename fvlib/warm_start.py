@@ -12,7 +12,7 @@ The fit is teacher-forced: on a context with statistic ``g_hat``, the greedy rul
 :func:`~fvlib.theory.adaptive_opt.policy_rollout` with the Gaussian-channel variance
 ``tau^2``) measures unit rows ``e_{n_1}, ..., e_{n_L}`` and reads ``phi_l = g_hat[n_l]``; the
 router of layer ``l`` is given greedy's workspace ``(phi_1, ..., phi_{l-1})`` and its matrix
-``G_l`` (``(1, D)``, one channel) is pulled towards ``e_{n_l}``:
+``G_l`` (``(1, D)``, one channel) is pulled towards ``e_{n_l}``::
 
     loss = (1/L) sum_l mean over contexts of |G_l(phi_1..phi_{l-1}) - e_{n_l}|^2.
 

@@ -135,6 +135,32 @@ def test_train_transformer_defaults_are_the_transformer_recipe(tmp_path):
         recipe_for("rnn")
 
 
+def test_train_router_warm_start_flags(tmp_path):
+    """Model A on the tree warm-starts its router by default; the two flags set the recipe's
+    router fields, and 0 steps turn the warm start off."""
+    from fvlib.train import load_run
+
+    common = ["train", "--model", "A", "--depth", "2", "--n-ctx", "8", "--budget", "2", "--steps", "3",
+              "--batch", "8", "--queries", "4", "--width", "8", "--no-progress", "--json"]
+    out = run_cli(*common, "--out", str(tmp_path / "a"), "--router-warm-start", "5", "--router-lr-scale", "0.5")
+    assert out.returncode == 0, out.stderr
+    config = load_run(tmp_path / "a")[1]
+    assert (config.router_warm_start, config.router_lr_scale, config.warm_starts) == (5, 0.5, True)
+    out = run_cli(*common, "--out", str(tmp_path / "b"), "--router-warm-start", "0")
+    assert out.returncode == 0, out.stderr
+    assert not load_run(tmp_path / "b")[1].warm_starts
+
+
+@pytest.mark.parametrize("flag, value", [("--router-warm-start", "-1"), ("--router-warm-start", "x"),
+                                         ("--router-lr-scale", "0"), ("--router-lr-scale", "2")])
+def test_train_bad_router_flags_are_one_line(tmp_path, flag, value):
+    out = run_cli("train", "--model", "A", "--depth", "2", "--n-ctx", "8", "--budget", "2", "--steps", "5",
+                  flag, value, "--out", str(tmp_path / "r"), "--no-progress")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr and flag in lines[0] and value in lines[0]
+
+
 @pytest.mark.parametrize("value", ["1", "1.5", "-0.1", "x"])
 def test_train_bad_warmup_is_one_line(tmp_path, value):
     out = run_cli("train", "--model", "C", "--depth", "2", "--n-ctx", "8", "--budget", "2", "--steps", "5",
