@@ -239,8 +239,8 @@ class TrainConfig:
 
     @property
     def warm_starts(self) -> bool:
-        """Whether the run warm-starts its router: model A (constrained) on the tree prior
-        with ``router_warm_start > 0``. Only then does ``router_lr_scale`` apply."""
+        """``True`` for a run that warm-starts its router, i.e. model A (constrained) on the
+        tree prior with ``router_warm_start > 0``; only then does ``router_lr_scale`` apply."""
         return (self.router_warm_start > 0 and self.arch == "constrained" and self.model == "A"
                 and self.prior == "tree")
 
