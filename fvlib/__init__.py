@@ -11,6 +11,7 @@ imports only from the layers below it (``tests/test_import_layers.py`` checks th
     models                    the constrained linear-attention transformer (models A, B, C), hooks
     transformer               standard transformers (softmax attention, MLPs; bottlenecked and
                               open arrangements, models A' and B') with the same hooks
+    warm_start                model A's router fitted to the greedy policy before training
     train                     training, checkpoints and resume, evaluation beside theory
     batched                   many training runs in one loop (stacked parameters, vmap)
     patching                  key patching (model and theory), transplants, probes
