@@ -43,6 +43,7 @@ from tqdm.auto import tqdm
 from ._checks import check_int, check_number, is_int
 from .models import MODEL_KINDS, FVTransformer, ModelConfig, model_config
 from .transformer import StandardTransformer, TransformerConfig, transformer_config
+from .warm_start import is_router_parameter, warm_start_router
 from .priors import Prior, TreePrior, make_prior
 from .stats import mean_and_stderr, squared_error
 from .task import TaskBatch, check_task_args, make_generator, sample_task
@@ -617,8 +618,8 @@ def parameter_groups(model, config: TrainConfig) -> list[dict]:
     named = list(model.named_parameters())
     if not config.warm_starts:
         return [{"params": [p for _, p in named], "lr_scale": 1.0}]
-    router = [p for name, p in named if name.startswith("blocks.")]
-    rest = [p for name, p in named if not name.startswith("blocks.")]
+    router = [p for name, p in named if is_router_parameter(name)]
+    rest = [p for name, p in named if not is_router_parameter(name)]
     return [{"params": router, "lr_scale": config.router_lr_scale}, {"params": rest, "lr_scale": 1.0}]
 
 
@@ -674,8 +675,6 @@ class _Run:
 
     def _warm_start(self) -> None:
         """Fit model A's router to the greedy policy before step 0 (:mod:`fvlib.warm_start`)."""
-        from .warm_start import warm_start_router
-
         start = time.perf_counter()
         c = self.config
         warm_start_router(self.model, self.prior, c.n_ctx, c.noise_std, steps=c.router_warm_start, batch=c.batch,

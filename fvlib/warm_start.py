@@ -31,7 +31,13 @@ from .task import sample_task
 from .theory import FiniteSampleChannel, channel_tau2
 from .theory.adaptive_opt import GreedyRule, policy_rollout
 
-__all__ = ["greedy_targets", "router_imitation_loss", "warm_start_router"]
+__all__ = ["is_router_parameter", "greedy_targets", "router_imitation_loss", "warm_start_router"]
+
+
+def is_router_parameter(name: str) -> bool:
+    """Whether the parameter ``name`` of an :class:`~fvlib.models.FVTransformer` belongs to a
+    router (every ``blocks.*`` parameter; the rest is the decoder)."""
+    return name.startswith("blocks.")
 
 
 def greedy_targets(tree: TreePrior, g_hat: torch.Tensor, n_layers: int, tau2: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,7 +84,7 @@ def warm_start_router(model: FVTransformer, tree: TreePrior, n_ctx: int, noise_s
     if config.dim != tree.dim:
         raise ValueError(f"the model reads D = {config.dim}, the tree has D = {tree.dim}")
     device = next(model.parameters()).device
-    router = [p for name, p in model.named_parameters() if name.startswith("blocks.")]
+    router = [p for name, p in model.named_parameters() if is_router_parameter(name)]
     optimizer = torch.optim.Adam(router, lr=lr)
     tau2 = channel_tau2(tree, n_ctx, noise_std)
     loss = torch.tensor(float("nan"))
