@@ -1,4 +1,4 @@
-"""Command-line interface: ``python -m fvlib theory|train|warm|patch|reproduce``.
+"""Command-line interface: ``python -m fvlib theory|train|warm|patch|reproduce|experiment``.
 
 The contract (subcommands, flags, JSON keys) is the book's appendix *Conventions*, section "The command line".
 
@@ -134,7 +134,37 @@ def build_parser() -> argparse.ArgumentParser:
     repro.add_argument("--seed", type=_integer("--seed", 0), default=0)
     repro.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     repro.set_defaults(handler=_run_reproduce)
+
+    _add_experiment_parser(sub)
     return parser
+
+
+def _add_experiment_parser(sub) -> None:
+    """``experiment list|run|verify|show``: the book's long experiments (:mod:`fvlib.store`)."""
+    experiment = sub.add_parser("experiment", help="the book's long experiments: list, run, verify, show")
+    verbs = experiment.add_subparsers(dest="verb", required=True, parser_class=_Parser)
+    listing = verbs.add_parser("list", help="every named experiment, its size and estimated cost")
+    listing.add_argument("--json", action="store_true", help="print one JSON object")
+    listing.set_defaults(handler=_run_experiment_list)
+    run = verbs.add_parser("run", help="train an experiment's missing runs into results/NAME.json")
+    run.add_argument("name")
+    run.add_argument("--device", choices=["auto", "cpu", "cuda"], default="cpu")
+    run.add_argument("--jobs", type=_positive_int("--jobs"), default=1, help="work items at a time (processes)")
+    run.add_argument("--root", default=None, help="run root of the checkpoints (default: $FVLIB_RUN_ROOT or ./.fvlib_runs)")
+    run.add_argument("--max-items", type=_positive_int("--max-items"), default=None,
+                     help="stop after this many work items (resume later)")
+    run.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    run.add_argument("--json", action="store_true", help="print one JSON object")
+    run.set_defaults(handler=_run_experiment_run)
+    check = verbs.add_parser("verify", help="retrain the cheapest stored runs and compare with the store")
+    check.add_argument("name")
+    check.add_argument("--runs", type=_positive_int("--runs"), default=1, help="how many runs to retrain")
+    check.add_argument("--json", action="store_true", help="print one JSON object")
+    check.set_defaults(handler=_run_experiment_verify)
+    show = verbs.add_parser("show", help="the stored summary and provenance of an experiment")
+    show.add_argument("name")
+    show.add_argument("--json", action="store_true", help="print one JSON object")
+    show.set_defaults(handler=_run_experiment_show)
 
 
 THEORY_KEYS = (
@@ -241,6 +271,78 @@ def _run_reproduce(args) -> dict:
     from .reproduce import reproduce
 
     return reproduce(args.out, quick=args.quick, seed=args.seed, progress=not args.no_progress)
+
+
+def _experiment_name(name: str) -> str:
+    from .store import experiment_names
+
+    if name not in experiment_names():
+        raise CliError(f"unknown experiment {name!r}; choose from {', '.join(experiment_names())}")
+    return name
+
+
+def _run_experiment_list(args) -> dict:
+    from .store import EXPERIMENTS, estimate_seconds, result_path
+
+    out = {}
+    for name, e in EXPERIMENTS.items():
+        path = result_path(name)
+        stored = 0
+        if path.is_file():
+            try:
+                stored = len(json.loads(path.read_text()).get("runs", {}))
+            except (OSError, ValueError):
+                stored = 0
+        out[name] = {"description": e.description, "chapter": e.chapter, "runs": len(e.runs),
+                     "stored_runs": stored, "work_items": len(e.items),
+                     "estimated_cpu_minutes": round(sum(estimate_seconds(r.config) for r in e.runs) / 60, 1)}
+    if args.json:
+        return {"experiments": out}
+    return {name: f"{v['runs']} runs ({v['stored_runs']} stored), about {v['estimated_cpu_minutes']} CPU min: "
+                  f"{v['description']}" for name, v in out.items()}
+
+
+def _run_experiment_run(args) -> dict:
+    from .store import run, summarise
+
+    data = run(_experiment_name(args.name), device=args.device, jobs=args.jobs, root=args.root,
+               progress=not args.no_progress, max_items=args.max_items)
+    return {"experiment": args.name, "stored_runs": len(data["runs"]), "planned_runs": len(data["planned_runs"]),
+            "not_converged": sum(not r["converged"] for r in data["runs"].values()),
+            **({"summary": summarise(data)} if args.json else {})}
+
+
+def _run_experiment_verify(args) -> dict:
+    from .store import verify
+
+    result = verify(_experiment_name(args.name), runs=args.runs)
+    if not result["ok"]:
+        bad = [c for c in result["checked"] if not c["ok"]]
+        detail = "; ".join(f"{c['key']}: stored {c['stored']:.6g}, retrained {c['retrained']:.6g}, "
+                           f"tolerance {c['tolerance']:.3g}" for c in bad)
+        raise CliError(f"experiment {args.name} does not reproduce: {detail}")
+    if args.json:
+        return result
+    return {"experiment": args.name, "ok": True, "configs_rebuilt": result["configs_rebuilt"],
+            **{c["key"]: f"stored {c['stored']:.6g}, retrained {c['retrained']:.6g} "
+                         f"(tolerance {c['tolerance']:.3g}, {c['seconds']} s)" for c in result["checked"]}}
+
+
+def _run_experiment_show(args) -> dict:
+    from .store import load_result, provenance_summary, summarise
+
+    data = load_result(_experiment_name(args.name))
+    out = {"experiment": args.name, "description": data["description"], "stored_runs": len(data["runs"]),
+           "planned_runs": len(data["planned_runs"]), "provenance": provenance_summary(data)}
+    if args.json:
+        return {**out, "summary": summarise(data), "theory": data["theory"]}
+    for row in summarise(data):
+        ratio = f", x{row['ratio_mean']:.2f} greedy" if "ratio_mean" in row else ""
+        out[f"{row['variant']} {row['prior']} M={row['budget']}"] = (
+            f"{row['mean']:.4g} +- {row['stderr']:.2g} (seeds {row['seeds']}, spread {row['spread']:.2g}, "
+            f"not converged {row['not_converged']}{ratio})")
+    out["provenance"] = json.dumps(out["provenance"])
+    return out
 
 
 def _print(result: dict, as_json: bool) -> None:

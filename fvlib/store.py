@@ -1,0 +1,664 @@
+"""The book's long experiments as named, resumable jobs, and their stored results.
+
+Some questions of the book need runs that no 15-minute page build can train: a depth sweep at
+``K = 6`` trained to convergence, the reference configuration at three seeds, the standard
+transformers at ``K = 4``. Each is an :class:`Experiment` of :data:`EXPERIMENTS`, trained by
+``python -m fvlib experiment run NAME`` into ``results/NAME.json`` at the repository root
+(:func:`results_dir`), which the chapters read (:func:`load_result`) and CI re-checks
+(``experiment verify NAME``).
+
+* **Work items.** An experiment is a list of runs (:class:`~fvlib.train.TrainConfig`), grouped
+  into work items: the seeds of one point, trained together by
+  :func:`fvlib.batched.train_many` on one thread. ``--jobs N`` trains ``N`` items at a time in
+  separate processes. Checkpoints go to :func:`fvlib.train.run_dir_for` directories under the
+  run root, so a killed experiment resumes where its checkpoints stand.
+* **Results, added as they finish.** After every item the parent process adds the item's runs
+  to ``results/NAME.json`` (temporary file + ``os.replace``), each with its full config, its
+  evaluation history, its final excess loss and Monte Carlo standard error, the ``converged``
+  flag (:func:`converged`) and the provenance of the process that trained it (commit, versions,
+  device, threads, wall and CPU seconds, date). An experiment can therefore span several
+  working sessions and machines: runs already in the file are not trained again.
+* **Converged, or trained until it is.** A run whose evaluation loss still fell by 2% or more
+  over the last fifth of its steps is trained again from the start with twice the steps (the
+  cosine schedule depends on the length), at most :data:`MAX_DOUBLINGS` times; the record keeps
+  every attempt.
+* **References.** The theory curves of the experiment's configuration are computed once and
+  stored beside the runs (Monte Carlo on ``THEORY_SAMPLES`` finite-``N`` contexts). Every tree
+  run also carries its ratio to the greedy policy on its own evaluation contexts (paired,
+  :func:`fvlib.experiments.paired_ratio`); the runs of model A on the tree at the reference
+  configuration carry chapter 8's gap table (:func:`fvlib.experiments.gap_table`).
+* **Verification.** :func:`verify` retrains the cheapest stored runs from their stored configs
+  and compares their final losses with the stored ones within the tolerance the file states
+  (:data:`TOLERANCE_RULE`).
+
+Nothing in a result file is typed by hand: every number in it is written by :func:`run`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from . import __version__
+from .experiments import gap_table, paired_ratio
+from .batched import train_many
+from .models import FVTransformer
+from .priors import TreePrior
+from .stats import mean_and_stderr, squared_error
+from .theory import (FiniteSampleChannel, channel_tau2, evaluate_strategies, noisefree_adaptive_loss,
+                     noisefree_nodes_loss, best_fixed_nodes, run_greedy)
+from .train import (EVAL_SEED_OFFSET, RECIPE, TRANSFORMER_RECIPE, TrainConfig, _sample_eval_batches,
+                    build_prior, resolve_device, run_dir_for, theory_reference, train)
+
+__all__ = [
+    "Experiment",
+    "EXPERIMENTS",
+    "experiment_names",
+    "get_experiment",
+    "results_dir",
+    "result_path",
+    "converged",
+    "estimate_seconds",
+    "run",
+    "load_result",
+    "summarise",
+    "verify",
+    "TOLERANCE_RULE",
+    "MAX_DOUBLINGS",
+    "THEORY_SAMPLES",
+    "ResultError",
+    "provenance",
+    "provenance_summary",
+]
+
+#: A run whose loss still falls this much (relative) over its last fifth is not converged.
+CONVERGENCE_DROP = 0.02
+#: How many times :func:`run` doubles the steps of a run that has not converged.
+MAX_DOUBLINGS = 2
+#: Monte Carlo contexts of the stored theory curves.
+THEORY_SAMPLES = 4000
+#: Contexts of the gap table of the reference runs.
+GAP_CONTEXTS = 4000
+FORMAT = "fvlib-experiment"
+RESULTS_ENV = "FVLIB_RESULTS_DIR"
+#: How :func:`verify` judges a retrained run (stored in every result file).
+TOLERANCE_RULE = (
+    "|retrained - stored| <= max(3 * stored_stderr, spread): a rerun of a stored config on "
+    "another CPU differs in the last bits, which training can amplify, so it must land within "
+    "the training variability of its point (spread: the standard deviation of the final loss "
+    "over the point's seeds) or within three Monte Carlo standard errors of the stored value")
+
+
+class ResultError(ValueError):
+    """A result file that is missing, corrupt or of another experiment definition."""
+
+
+# ----------------------------------------------------------------------------------------
+# The catalogue
+# ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Run:
+    """One run of an experiment: its key in the result file, its labels and its config."""
+
+    key: str
+    variant: str
+    config: TrainConfig
+
+    @property
+    def labels(self) -> dict:
+        c = self.config
+        return {"variant": self.variant, "prior": c.prior, "budget": c.budget, "seed": c.seed}
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A named experiment: runs grouped into work items, and how to compute its references.
+
+    Attributes:
+        name: the name of ``python -m fvlib experiment run NAME`` and of ``results/NAME.json``.
+        description: one line for ``experiment list``.
+        chapter: the chapter that reads it.
+        items: tuples of :class:`Run`; the runs of one item are trained by one
+            :func:`fvlib.batched.train_many` call.
+        theory: ``() -> dict`` of JSON-able reference values of the configuration.
+        gap_variants: variants whose tree runs get :func:`fvlib.experiments.gap_table`.
+    """
+
+    name: str
+    description: str
+    chapter: str
+    items: tuple
+    theory: Callable[[], dict]
+    gap_variants: tuple = ()
+
+    @property
+    def runs(self) -> list[Run]:
+        return [r for item in self.items for r in item]
+
+    def run_by_key(self) -> dict[str, Run]:
+        return {r.key: r for r in self.runs}
+
+
+def _key(variant: str, config: TrainConfig) -> str:
+    return f"{variant}/{config.prior}/M{config.budget}/seed{config.seed}"
+
+
+#: Settings every trained run of the store shares: 20 evaluations (so the last fifth of the
+#: steps begins at an evaluation), the data of seed 0 for every seed (common random numbers:
+#: the seeds differ only in their initial weights), the checkpoints every 500 steps.
+def _constrained(variant: str, steps: int = 3000, **task) -> TrainConfig:
+    recipe = dict(RECIPE)
+    if variant.startswith("A") and not variant.endswith("warm"):
+        recipe["router_warm_start"] = 0
+    model = variant.split("-")[0]
+    return TrainConfig(model=model, steps=steps, eval_every=steps // 20, eval_contexts=2048,
+                       checkpoint_every=500, data_seed=0, device="cpu", **recipe, **task)
+
+
+def _seeds(variant: str, seeds, **task) -> tuple:
+    base = _constrained(variant, **task)
+    return tuple(Run(_key(variant, c), variant, c) for c in (replace(base, seed=s) for s in seeds))
+
+
+def _tree_theory(depth: int, alpha: float, n_ctx: int, noise_std: float, budgets) -> Callable[[], dict]:
+    """The depth sweeps' references: Monte Carlo curves over ``budgets`` and noise-free forms."""
+
+    def compute() -> dict:
+        tree = TreePrior(depth, alpha)
+        names = ("adaptive_greedy", "adaptive_opt", "nonadaptive_opt", "nonadaptive_best_coord",
+                 "nonadaptive_coord")
+        curves = {n: {"mean": [], "stderr": []} for n in names}
+        for m in budgets:
+            est = evaluate_strategies(tree, n_ctx, noise_std, int(m), samples=THEORY_SAMPLES, seed=0,
+                                      strategies=names)
+            for n in names:
+                curves[n]["mean"].append(est[n].mean)
+                curves[n]["stderr"].append(est[n].stderr)
+        return {"budgets": [int(m) for m in budgets], "curves": curves, "samples": THEORY_SAMPLES,
+                "seed": 0, "noisefree": {
+                    "adaptive": [noisefree_adaptive_loss(tree, int(m)) for m in budgets],
+                    "best_fixed_coordinates": [noisefree_nodes_loss(tree, best_fixed_nodes(tree, int(m)))
+                                               for m in budgets]},
+                "tau2": channel_tau2(tree, n_ctx, noise_std)}
+
+    return compute
+
+
+def _reference_theory(task: dict, variants: Sequence[str], arch_runs: Sequence[TrainConfig]):
+    """Each variant's matching reference (:func:`fvlib.train.theory_reference`) on both priors."""
+
+    def compute() -> dict:
+        out = {}
+        for config in arch_runs:
+            ref = theory_reference(config, samples=THEORY_SAMPLES, seed=0)
+            out[f"{config.model}/{config.prior}"] = ref
+        tree = TreePrior(task["depth"], task["alpha"])
+        est = evaluate_strategies(tree, task["n_ctx"], task["noise_std"], task["budget"],
+                                  samples=THEORY_SAMPLES, seed=0,
+                                  strategies=("adaptive_greedy", "adaptive_opt", "nonadaptive_opt",
+                                              "nonadaptive_coord", "lmmse"))
+        out["tree"] = {n: {"mean": e.mean, "stderr": e.stderr} for n, e in est.items()}
+        out["samples"] = THEORY_SAMPLES
+        return out
+
+    return compute
+
+
+def _depth_sweep(name: str, depth: int, variants: Sequence[str], chapter: str, seeds=(0, 1, 2)) -> Experiment:
+    task = dict(prior="tree", depth=depth, alpha=0.5, n_ctx=128, noise_std=0.0)
+    budgets = range(1, depth + 1)
+    items = tuple(_seeds(v, seeds, budget=m, **task) for v in variants for m in budgets)
+    described = ", ".join(variants)
+    return Experiment(name, f"tree K = {depth}, alpha = 0.5, N = 128, sigma = 0; budgets 1..{depth}; "
+                            f"{described}; seeds {', '.join(map(str, seeds))}; 3000 steps",
+                      chapter, items, _tree_theory(depth, 0.5, 128, 0.0, budgets))
+
+
+def _reference_k6() -> Experiment:
+    task = dict(depth=6, alpha=0.5, n_ctx=128, noise_std=0.0, budget=6)
+    seeds = (0, 1, 2)
+    tree_variants = ("A-scratch", "A-warm", "B", "C")
+    twin_variants = ("A-scratch", "B", "C")
+    items = tuple(_seeds(v, seeds, prior="tree", **task) for v in tree_variants)
+    items += tuple(_seeds(v, seeds, prior="gaussian-twin", **task) for v in twin_variants)
+    refs = [_constrained(v, prior=p, **task) for p in ("tree", "gaussian-twin") for v in ("A-warm", "B", "C")]
+    return Experiment("reference-k6", "the reference configuration (tree K = 6, alpha = 0.5, N = 128, M = 6) "
+                      "and its Gaussian twin: A from scratch, A warm-started (tree), B, C; seeds 0, 1, 2; "
+                      "3000 steps; chapter 8's gap table", "08_experiments", items,
+                      _reference_theory(task, tree_variants, refs), gap_variants=("A-scratch", "A-warm"))
+
+
+def _transformer_run(variant: str, prior: str, seed: int, steps: int) -> Run:
+    arch = "transformer-open" if variant.endswith("open") else "transformer"
+    recipe = dict(TRANSFORMER_RECIPE)
+    config = TrainConfig(arch=arch, model=variant[0], prior=prior, depth=4, alpha=0.5, n_ctx=64, noise_std=0.0,
+                         budget=4, steps=steps, eval_every=steps // 20, eval_contexts=2048, checkpoint_every=500,
+                         data_seed=0, seed=seed, device="cpu", **recipe)
+    return Run(_key(variant, config), variant, config)
+
+
+def _transformers_k4(steps: int = 3000, seeds=(0, 1, 2, 3, 4)) -> Experiment:
+    variants = ("A'", "B'", "A'-open")
+    items = tuple(tuple(_transformer_run(v, p, s, steps) for s in seeds)
+                  for v in variants for p in ("tree", "gaussian-twin"))
+    task = dict(depth=4, alpha=0.5, n_ctx=64, noise_std=0.0, budget=4)
+    refs = [replace(items[0][0].config, arch="constrained", model=m, prior=p, width=RECIPE["width"])
+            for p in ("tree", "gaussian-twin") for m in ("A", "B")]
+    return Experiment("transformers-k4", f"chapter 11's larger setting: tree K = 4, alpha = 0.5, N = 64, M = 4, "
+                      f"and its twin; bottlenecked A' and B', open A'; seeds {', '.join(map(str, seeds))}; "
+                      f"{steps} steps", "11_transformers", items, _reference_theory(task, (), refs))
+
+
+EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
+    _depth_sweep("depth-sweep-k6", 6, ("A-scratch", "A-warm", "B"), "08_experiments"),
+    _depth_sweep("depth-sweep-k7", 7, ("A-scratch", "B"), "08_experiments"),
+    _transformers_k4(),
+    _reference_k6(),
+)}
+
+
+def experiment_names() -> list[str]:
+    return list(EXPERIMENTS)
+
+
+def get_experiment(name: str) -> Experiment:
+    if name not in EXPERIMENTS:
+        raise ValueError(f"unknown experiment {name!r}; choose from {', '.join(EXPERIMENTS)}")
+    return EXPERIMENTS[name]
+
+
+# ----------------------------------------------------------------------------------------
+# Cost, convergence, provenance
+# ----------------------------------------------------------------------------------------
+def estimate_seconds(config: TrainConfig) -> float:
+    """A rough CPU cost of training ``config`` on one thread, in seconds (within about a factor
+    of 1.5 on the 2-core machine it was calibrated on, 2026-12-02): the step time grows with the
+    reading of the context, ``batch * n_ctx * D`` per layer, plus a fixed part."""
+    d = 2**config.depth - 1
+    if config.arch == "constrained":
+        layers = config.budget if config.model == "A" else 1
+        step = 0.009 + 5.6e-9 * config.batch * config.n_ctx * d * layers
+        warm = 0.4 * config.router_warm_start * step if config.warm_starts else 0.0
+    else:
+        layers = config.budget if config.model == "A" else 1
+        step = 0.004 + 2.5e-9 * config.batch * config.n_ctx * config.width**2 * layers
+        warm = 0.0
+    return config.steps * step + warm
+
+
+def converged(history: Sequence[dict], steps: int) -> bool:
+    """``True`` when the evaluation loss fell by less than 2% over the last fifth of ``steps``:
+    from the last evaluation at or before step ``0.8 steps`` to the final one."""
+    final = history[-1]
+    if final["step"] != steps:
+        return False
+    start = [h for h in history if h["step"] <= 0.8 * steps][-1]
+    before, after = start["eval_excess_loss"], final["eval_excess_loss"]
+    if not (math.isfinite(before) and math.isfinite(after)):
+        return False
+    return before <= 0 or (before - after) / before < CONVERGENCE_DROP
+
+
+def _git_commit() -> dict:
+    root = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "fvlib"], cwd=root, capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "fvlib_modified": None}
+    return {"commit": commit or None, "fvlib_modified": bool(dirty) if commit else None}
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def provenance(device: str, wall: float, cpu: float) -> dict:
+    """Where and how a work item was trained (stored with each of its runs)."""
+    dev = resolve_device(device)
+    return {"fvlib": __version__, **_git_commit(), "torch": torch.__version__,
+            "python": platform.python_version(), "device": str(dev),
+            "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_name(),
+            "threads": torch.get_num_threads(), "wall_seconds": round(wall, 2), "cpu_seconds": round(cpu, 2),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+# ----------------------------------------------------------------------------------------
+# Per-run analysis (in the worker, while the model is in memory)
+# ----------------------------------------------------------------------------------------
+@torch.no_grad()
+def _eval_errors(model, config: TrainConfig) -> tuple[torch.Tensor, list]:
+    """Per-context excess losses ``(eval_contexts,)`` of ``model`` on its evaluation set, and
+    the set's batches (on the CPU)."""
+    prior = build_prior(config)
+    batches = _sample_eval_batches(prior, config.n_ctx, config.noise_std, config.eval_contexts,
+                                   config.effective_data_seed + EVAL_SEED_OFFSET)
+    device = next(model.parameters()).device
+    errors = []
+    for batch in batches:
+        on = batch.to(device)
+        if isinstance(model, FVTransformer):
+            errors.append(squared_error(model.predict_theta(on), on.theta).double().cpu())
+        else:
+            y_hat = model(on)
+            errors.append(((y_hat - (on.theta * on.x_query).sum(-1)) ** 2).double().cpu())
+    return torch.cat(errors), batches
+
+
+def _greedy_paired(model, config: TrainConfig) -> dict:
+    """The model against the greedy policy on the model's own evaluation contexts."""
+    errors, batches = _eval_errors(model, config)
+    tree = build_prior(config)
+    tau2 = channel_tau2(tree, config.n_ctx, config.noise_std)
+    greedy = []
+    for b in batches:
+        g_hat = b.to("cpu", torch.float64).sufficient_statistic()
+        theta_hat = run_greedy(tree, FiniteSampleChannel(g_hat), config.budget, tau2).theta_hat
+        greedy.append(squared_error(theta_hat, b.theta.double()))
+    greedy = torch.cat(greedy)
+    mean, se = mean_and_stderr(greedy)
+    ratio, ratio_se = paired_ratio(errors, greedy)
+    return {"greedy_loss": float(mean), "greedy_stderr": float(se), "ratio": ratio, "ratio_stderr": ratio_se,
+            "contexts": int(errors.numel())}
+
+
+def _gap(model, config: TrainConfig) -> dict:
+    table = gap_table(model, config, contexts=GAP_CONTEXTS, seed=0)
+    rows = {k: list(v) for k, v in table.items() if isinstance(v, tuple)}
+    return {"rows": rows, "ratios": {k: list(v) for k, v in table["ratios"].items()},
+            "best_paired": table["best_paired"], "adaptive_opt_kind": table["adaptive_opt_kind"],
+            "adaptive_opt_seconds": table["adaptive_opt_seconds"], "contexts": table["contexts"], "seed": 0}
+
+
+def _record(run_: Run, result, attempts: list, gap: bool) -> dict:
+    c = result.config
+    last = result.history[-1]
+    record = {"key": run_.key, **run_.labels, "config": c.to_dict(), "final_loss": last["eval_excess_loss"],
+              "final_stderr": last["eval_stderr"], "final_query_loss": last["eval_query_loss"],
+              "steps": c.steps, "converged": converged(result.history, c.steps), "attempts": attempts,
+              "history": result.history}
+    if c.prior == "tree":
+        record["greedy_paired"] = _greedy_paired(result.model, c)
+        if gap:
+            record["gap"] = _gap(result.model, c)
+    return record
+
+
+def _train_item(args) -> list[dict]:
+    """Worker: train one work item (its runs in one ``train_many`` call, on one thread), double
+    the steps of a run that has not converged, analyse each run; returns the records."""
+    name, index, root, device, progress = args
+    torch.set_num_threads(1)
+    experiment = get_experiment(name)
+    item = experiment.items[index]
+    wall, cpu = time.perf_counter(), time.process_time()
+    configs = [replace(r.config, device=device) for r in item]
+    results = train_many(configs, [run_dir_for(c, root) for c in configs], progress=progress)
+    records = []
+    for run_, result in zip(item, results):
+        attempts = [{"steps": result.config.steps, "final_loss": result.final_loss,
+                     "converged": converged(result.history, result.config.steps)}]
+        while not attempts[-1]["converged"] and len(attempts) <= MAX_DOUBLINGS:
+            steps = 2 * result.config.steps
+            longer = replace(result.config, steps=steps, eval_every=steps // 20)
+            result = train(longer, out_dir=run_dir_for(longer, root), progress=progress)
+            attempts.append({"steps": steps, "final_loss": result.final_loss,
+                             "converged": converged(result.history, steps)})
+        records.append(_record(run_, result, attempts, run_.variant in experiment.gap_variants))
+    prov = provenance(device, time.perf_counter() - wall, time.process_time() - cpu)
+    prov["runs_in_item"] = len(item)
+    prov["item"] = f"{name}#{index}@{prov['date']}"
+    for r in records:
+        r["provenance"] = prov
+        r["config"]["device"] = r["config"]["device"] if device == "auto" else device
+    return records
+
+
+# ----------------------------------------------------------------------------------------
+# The result file
+# ----------------------------------------------------------------------------------------
+def results_dir() -> Path:
+    """``$FVLIB_RESULTS_DIR``, else the ``results/`` folder of the repository this fvlib lives in
+    (an editable install, as ``make book`` makes), else ``./results``."""
+    if os.environ.get(RESULTS_ENV):
+        return Path(os.environ[RESULTS_ENV])
+    repo = Path(__file__).resolve().parents[1]
+    if (repo / "pyproject.toml").is_file():
+        return repo / "results"
+    return Path("results")
+
+
+def result_path(name: str, directory=None) -> Path:
+    get_experiment(name)
+    return Path(directory if directory is not None else results_dir()) / f"{name}.json"
+
+
+def _empty_result(experiment: Experiment) -> dict:
+    return {"format": FORMAT, "version": 1, "experiment": experiment.name,
+            "description": experiment.description, "chapter": experiment.chapter,
+            "planned_runs": [r.key for r in experiment.runs], "tolerance_rule": TOLERANCE_RULE,
+            "convergence_rule": f"the evaluation loss fell by less than {CONVERGENCE_DROP:.0%} over the last "
+                                f"fifth of the steps; otherwise retrained with twice the steps, at most "
+                                f"{MAX_DOUBLINGS} times",
+            "theory": None, "runs": {}}
+
+
+def load_result(name: str, directory=None, *, complete: bool = False) -> dict:
+    """The stored result of experiment ``name`` (``results/NAME.json``), checked.
+
+    Raises :class:`ResultError` (a ``ValueError``) when the file is missing or corrupt, when it
+    holds a run the catalogue does not define (with another config), or with ``complete=True``
+    when runs are missing.
+    """
+    experiment = get_experiment(name)
+    path = result_path(name, directory)
+    if not path.is_file():
+        raise ResultError(f"no stored result {path}; run `python -m fvlib experiment run {name}`")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ResultError(f"corrupt result file {path}: {err}") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("experiment") != name:
+        raise ResultError(f"{path} is not a result file of experiment {name!r}")
+    defined = experiment.run_by_key()
+    for key, record in data["runs"].items():
+        if key not in defined or not _same_config(record["config"], defined[key].config):
+            raise ResultError(f"{path} holds run {key!r} of another definition of {name!r}; "
+                              f"move the file away to start over")
+    missing = [k for k in defined if k not in data["runs"]]
+    if complete and (missing or data.get("theory") is None):
+        raise ResultError(f"{path} is incomplete: {len(missing)} of {len(defined)} runs missing"
+                          + ("" if data.get("theory") is not None else ", theory missing")
+                          + f"; run `python -m fvlib experiment run {name}`")
+    return data
+
+
+def _same_config(stored: dict, defined: TrainConfig) -> bool:
+    """A stored run's config is the defined one, up to the device and a doubled step count."""
+    ignore = {"device", "steps", "eval_every"}
+    ours = defined.to_dict()
+    if any(stored.get(k) != v for k, v in ours.items() if k not in ignore):
+        return False
+    ratio = stored["steps"] / defined.steps
+    return ratio in (1, 2, 4, 8)[: MAX_DOUBLINGS + 1] and stored["eval_every"] == stored["steps"] // 20
+
+
+def _write(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+class _Lock:
+    """An exclusive lock file beside the result, so two ``run`` calls never write one file."""
+
+    def __init__(self, path: Path):
+        self.path = path.with_name(path.name + ".lock")
+
+    def __enter__(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            raise ResultError(f"{self.path} exists: another `experiment run` is writing this result "
+                              f"(delete the lock file if no such process runs)") from None
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        return self
+
+    def __exit__(self, *exc):
+        self.path.unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------------------
+# Run, summarise, verify
+# ----------------------------------------------------------------------------------------
+def run(name: str, *, device: str = "cpu", jobs: int = 1, root=None, directory=None, progress: bool = True,
+        max_items: int | None = None) -> dict:
+    """Train the runs of experiment ``name`` that ``results/NAME.json`` does not hold yet.
+
+    ``jobs`` work items at a time (separate processes, one thread each); each finished item's
+    runs are added to the result file at once. ``root``: the run root of the checkpoints
+    (default ``$FVLIB_RUN_ROOT`` or ``./.fvlib_runs``). ``max_items``: stop after that many
+    items (e.g. to spread an experiment over sessions). Returns the result dict.
+    """
+    import multiprocessing
+
+    experiment = get_experiment(name)
+    resolve_device(device)
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
+        raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
+    path = result_path(name, directory)
+    with _Lock(path):
+        data = load_result(name, directory) if path.is_file() else _empty_result(experiment)
+        if data.get("theory") is None:
+            data["theory"] = experiment.theory()
+            _write(path, data)
+        todo = [i for i, item in enumerate(experiment.items) if any(r.key not in data["runs"] for r in item)]
+        if max_items is not None:
+            todo = todo[:max_items]
+        todo.sort(key=lambda i: -sum(estimate_seconds(r.config) for r in experiment.items[i]))
+        args = [(name, i, root, device, progress and jobs == 1) for i in todo]
+        bar = tqdm(total=sum(len(experiment.items[i]) for i in todo), desc=f"{name} runs",
+                   disable=not progress or not todo)
+
+        def add(records):
+            for record in records:
+                data["runs"][record["key"]] = record
+            _write(path, data)
+            bar.update(len(records))
+
+        if jobs == 1 or len(args) <= 1:
+            for a in args:
+                add(_train_item(a))
+        else:
+            with multiprocessing.get_context("spawn").Pool(min(jobs, len(args))) as pool:
+                for records in pool.imap_unordered(_train_item, args):
+                    add(records)
+        bar.close()
+    return data
+
+
+def _point(record: dict) -> tuple:
+    return (record["variant"], record["prior"], record["budget"])
+
+
+def summarise(data: dict) -> list[dict]:
+    """One row per point (variant, prior, budget) of a result: the seeds' final losses, their
+    mean, Monte Carlo standard error of the mean, spread (std over seeds, ``ddof=1``), the
+    number of runs not converged, the steps, and the paired ratio to greedy (tree runs: mean
+    over seeds and its spread)."""
+    points: dict[tuple, list[dict]] = {}
+    for record in data["runs"].values():
+        points.setdefault(_point(record), []).append(record)
+    rows = []
+    for (variant, prior, budget), records in points.items():
+        records.sort(key=lambda r: r["seed"])
+        loss = np.array([r["final_loss"] for r in records])
+        se = np.array([r["final_stderr"] for r in records])
+        row = {"variant": variant, "prior": prior, "budget": budget, "seeds": [r["seed"] for r in records],
+               "loss": loss.tolist(), "mean": float(loss.mean()), "stderr": float(np.sqrt((se**2).sum()) / len(loss)),
+               "spread": float(loss.std(ddof=1)) if len(loss) > 1 else 0.0,
+               "not_converged": int(sum(not r["converged"] for r in records)),
+               "steps": [r["steps"] for r in records]}
+        if all("greedy_paired" in r for r in records):
+            ratios = np.array([r["greedy_paired"]["ratio"] for r in records])
+            row["ratio_to_greedy"] = ratios.tolist()
+            row["ratio_mean"] = float(ratios.mean())
+        rows.append(row)
+    return rows
+
+
+def _tolerance(data: dict, record: dict) -> float:
+    same = [r["final_loss"] for r in data["runs"].values() if _point(r) == _point(record)]
+    spread = float(np.std(same, ddof=1)) if len(same) > 1 else 0.0
+    return max(3 * record["final_stderr"], spread)
+
+
+def verify(name: str, runs: int = 1, *, directory=None, device: str = "cpu", progress: bool = False) -> dict:
+    """Retrain the ``runs`` cheapest stored runs of ``name`` from their stored configs (alone,
+    in memory, on the current thread count) and compare their final losses with the stored ones
+    (:data:`TOLERANCE_RULE`). Returns ``{"experiment", "ok", "checked": [...]}``; every stored
+    config is also rebuilt (``TrainConfig.from_dict`` and its model) first."""
+    if not isinstance(runs, int) or isinstance(runs, bool) or runs < 1:
+        raise ValueError(f"runs must be a positive integer, got {runs!r}")
+    data = load_result(name, directory)
+    if not data["runs"]:
+        raise ResultError(f"{result_path(name, directory)} holds no runs yet")
+    configs = {k: TrainConfig.from_dict(r["config"]) for k, r in data["runs"].items()}
+    for config in configs.values():
+        config.model_config()
+    chosen = sorted(configs, key=lambda k: estimate_seconds(configs[k]))[:runs]
+    checked = []
+    for key in chosen:
+        record = data["runs"][key]
+        start = time.perf_counter()
+        result = train(replace(configs[key], device=device), progress=progress)
+        tol = _tolerance(data, record)
+        diff = abs(result.final_loss - record["final_loss"])
+        checked.append({"key": key, "stored": record["final_loss"], "retrained": result.final_loss,
+                        "difference": diff, "tolerance": tol, "ok": bool(diff <= tol),
+                        "seconds": round(time.perf_counter() - start, 1)})
+    return {"experiment": name, "ok": all(c["ok"] for c in checked), "checked": checked,
+            "configs_rebuilt": len(configs)}
+
+
+def provenance_summary(data: dict) -> dict:
+    """What a result's runs were trained with: the commits, machines, versions and dates of its
+    work items, and their summed wall and CPU seconds."""
+    items = {}
+    for record in data["runs"].values():
+        p = record["provenance"]
+        items[p.get("item", (p["date"], p["commit"]))] = p
+    provs = list(items.values())
+    if not provs:
+        return {"runs": 0}
+    return {"runs": len(data["runs"]), "work_items": len(provs),
+            "commits": sorted({str(p["commit"])[:10] for p in provs}),
+            "fvlib_modified": any(p["fvlib_modified"] for p in provs),
+            "fvlib": sorted({p["fvlib"] for p in provs}), "torch": sorted({p["torch"] for p in provs}),
+            "devices": sorted({f"{p['device']} ({p['device_name']}), {p['threads']} thread(s)" for p in provs}),
+            "wall_seconds": round(sum(p["wall_seconds"] for p in provs), 1),
+            "cpu_seconds": round(sum(p["cpu_seconds"] for p in provs), 1),
+            "dates": [min(p["date"] for p in provs), max(p["date"] for p in provs)]}
