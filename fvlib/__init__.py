@@ -19,6 +19,8 @@ imports only from the layers below it (``tests/test_import_layers.py`` checks th
                               function-vector transplant, probes, state patching
     experiments, reproduce    the chapters' experiment drivers (training runs, Monte Carlo
                               sweeps, hooked model runs); the CLI's reproduce command
+    store                     the book's long experiments as named, resumable jobs, stored in
+                              results/NAME.json with provenance, and their verification
     plots                     the book's figures, drawn from results (they compute nothing)
     live                      the explorers in the static book: states on a grid of control
                               values, embedded as JSON and drawn by _static/fvlib-live.js

@@ -51,7 +51,6 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from . import __version__
 from .experiments import gap_table, paired_ratio
 from .batched import train_many
 from .models import FVTransformer
@@ -81,6 +80,9 @@ __all__ = [
     "ResultError",
     "provenance",
     "provenance_summary",
+    "provenance_line",
+    "depth_sweep_of",
+    "theory_curves",
 ]
 
 #: A run whose loss still falls this much (relative) over its last fifth is not converged.
@@ -333,10 +335,20 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def provenance(device: str, wall: float, cpu: float) -> dict:
-    """Where and how a work item was trained (stored with each of its runs)."""
+def _fvlib_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fvlib")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def provenance(device: str, wall: float, cpu: float, code: dict | None = None) -> dict:
+    """Where and how a work item was trained (stored with each of its runs); ``code``: the
+    commit read when the item started (default: now)."""
     dev = resolve_device(device)
-    return {"fvlib": __version__, **_git_commit(), "torch": torch.__version__,
+    return {"fvlib": _fvlib_version(), **(code if code is not None else _git_commit()), "torch": torch.__version__,
             "python": platform.python_version(), "device": str(dev),
             "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_name(),
             "threads": torch.get_num_threads(), "wall_seconds": round(wall, 2), "cpu_seconds": round(cpu, 2),
@@ -411,7 +423,7 @@ def _train_item(args) -> list[dict]:
     torch.set_num_threads(1)
     experiment = get_experiment(name)
     item = experiment.items[index]
-    wall, cpu = time.perf_counter(), time.process_time()
+    wall, cpu, code = time.perf_counter(), time.process_time(), _git_commit()
     configs = [replace(r.config, device=device) for r in item]
     results = train_many(configs, [run_dir_for(c, root) for c in configs], progress=progress)
     records = []
@@ -425,7 +437,7 @@ def _train_item(args) -> list[dict]:
             attempts.append({"steps": steps, "final_loss": result.final_loss,
                              "converged": converged(result.history, steps)})
         records.append(_record(run_, result, attempts, run_.variant in experiment.gap_variants))
-    prov = provenance(device, time.perf_counter() - wall, time.process_time() - cpu)
+    prov = provenance(device, time.perf_counter() - wall, time.process_time() - cpu, code)
     prov["runs_in_item"] = len(item)
     prov["item"] = f"{name}#{index}@{prov['date']}"
     for r in records:
@@ -510,6 +522,16 @@ def _write(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def _pid_alive(text: str) -> bool:
+    try:
+        os.kill(int(text), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class _Lock:
     """An exclusive lock file beside the result, so two ``run`` calls never write one file."""
 
@@ -518,6 +540,8 @@ class _Lock:
 
     def __enter__(self):
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.is_file() and not _pid_alive(self.path.read_text().strip()):
+            self.path.unlink(missing_ok=True)  # left by a process that was killed
         try:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
@@ -662,3 +686,50 @@ def provenance_summary(data: dict) -> dict:
             "wall_seconds": round(sum(p["wall_seconds"] for p in provs), 1),
             "cpu_seconds": round(sum(p["cpu_seconds"] for p in provs), 1),
             "dates": [min(p["date"] for p in provs), max(p["date"] for p in provs)]}
+
+
+def provenance_line(data: dict) -> str:
+    """One line for a chapter: what the stored result is, and where and when it was trained."""
+    p = provenance_summary(data)
+    if not p["runs"]:
+        return f"{data['experiment']}: no runs stored"
+    return (f"{data['experiment']}: {p['runs']} of {len(data['planned_runs'])} runs stored, trained "
+            f"{p['dates'][0][:10]} to {p['dates'][1][:10]} at fvlib {', '.join(p['fvlib'])} "
+            f"(commit {', '.join(p['commits'])}{', modified' if p['fvlib_modified'] else ''}), torch "
+            f"{', '.join(p['torch'])}, on {'; '.join(p['devices'])}; {p['cpu_seconds'] / 3600:.1f} CPU hours")
+
+
+def depth_sweep_of(data: dict, variants: Sequence[str], prior: str = "tree"):
+    """A stored depth sweep as a :class:`fvlib.experiments.DepthSweep` (keys: the variants),
+    for :func:`fvlib.plots.training.plot_depth_sweep`; only budgets stored for every seed of
+    every variant are kept, seeds in increasing order."""
+    from .experiments import DepthSweep
+
+    rows = {(r["variant"], r["budget"]): r for r in summarise(data) if r["prior"] == prior}
+    budgets = sorted({b for (v, b) in rows if v in variants})
+    seeds = sorted({s for r in rows.values() for s in r["seeds"]})
+    budgets = [b for b in budgets if all((v, b) in rows and rows[(v, b)]["seeds"] == seeds for v in variants)]
+    sweep = DepthSweep(budgets=np.array(budgets, dtype=int), seeds=tuple(seeds))
+    by_key = data["runs"]
+    for v in variants:
+        records = [[by_key[_key_of(v, prior, b, s)] for b in budgets] for s in seeds]
+        loss = np.array([[r["final_loss"] for r in row] for row in records])
+        se = np.array([[r["final_stderr"] for r in row] for row in records])
+        sweep.seed_loss[v], sweep.seed_stderr[v] = loss, se
+        sweep.loss[v] = loss.mean(0)
+        sweep.stderr[v] = np.sqrt((se**2).sum(0)) / len(seeds)
+        sweep.spread[v] = loss.std(0, ddof=1) if len(seeds) > 1 else np.zeros(len(budgets))
+    return sweep
+
+
+def _key_of(variant: str, prior: str, budget: int, seed: int) -> str:
+    return f"{variant}/{prior}/M{budget}/seed{seed}"
+
+
+def theory_curves(data: dict, names: Sequence[str], budgets: Sequence[int] | None = None) -> dict:
+    """``{name: (mean (n,), stderr (n,))}`` of a stored depth sweep's theory curves, at
+    ``budgets`` (default: all stored)."""
+    theory = data["theory"]
+    index = [theory["budgets"].index(int(b)) for b in (budgets if budgets is not None else theory["budgets"])]
+    return {n: (np.array(theory["curves"][n]["mean"])[index], np.array(theory["curves"][n]["stderr"])[index])
+            for n in names}
