@@ -1,0 +1,165 @@
+"""fvlib.store: the named experiments, their result files, resume, verification, the CLI."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import fvlib.store as store
+from fvlib.cli import main
+from fvlib.train import TrainConfig
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+
+
+def _tiny_item(variant, prior, seeds, steps=40):
+    base = store._constrained(variant, steps=steps, prior=prior, depth=3, alpha=0.5, n_ctx=32,
+                              noise_std=0.0, budget=3)
+    base = replace(base, batch=32, queries=16, width=32,
+                   router_warm_start=10 if variant.endswith("warm") else 0)
+    return tuple(store.Run(store._key(variant, c), variant, c) for c in (replace(base, seed=s) for s in seeds))
+
+
+@pytest.fixture
+def tiny(monkeypatch, tmp_path):
+    """A tiny stand-in for depth-sweep-k6 (K = 3, 40 steps): the store's code path, in seconds."""
+    items = (_tiny_item("A-scratch", "tree", (0, 1)), _tiny_item("B", "gaussian-twin", (0, 1)))
+    experiment = store.Experiment("depth-sweep-k6", "tiny", "x", items,
+                                  store._tree_theory(3, 0.5, 32, 0.0, range(1, 4)), gap_variants=("A-scratch",))
+    monkeypatch.setitem(store.EXPERIMENTS, "depth-sweep-k6", experiment)
+    monkeypatch.setenv("FVLIB_RUN_ROOT", str(tmp_path / "runs"))
+    monkeypatch.setenv(store.RESULTS_ENV, str(tmp_path / "results"))
+    return experiment, tmp_path
+
+
+def test_run_writes_every_field_and_resumes(tiny):
+    experiment, tmp = tiny
+    data = store.run("depth-sweep-k6", progress=False, max_items=1)
+    assert len(data["runs"]) == 2  # one item stored, the other not yet
+    stored = json.loads((tmp / "results" / "depth-sweep-k6.json").read_text())
+    record = stored["runs"]["A-scratch/tree/M3/seed0"]
+    for field in ("config", "final_loss", "final_stderr", "history", "converged", "steps", "attempts",
+                  "provenance", "greedy_paired", "gap"):
+        assert field in record, field
+    assert TrainConfig.from_dict(record["config"]).seed == 0
+    assert record["history"][-1]["eval_excess_loss"] == record["final_loss"]
+    for field in ("commit", "torch", "device", "threads", "wall_seconds", "cpu_seconds", "date", "fvlib"):
+        assert field in record["provenance"], field
+    # 40 steps are far from converged: each run was retrained with doubled steps, twice
+    assert [a["steps"] for a in record["attempts"]] == [40, 80, 160]
+    assert record["converged"] is False and record["steps"] == 160
+    assert stored["theory"]["budgets"] == [1, 2, 3] and stored["theory"]["samples"] == store.THEORY_SAMPLES
+    # resuming trains only what is missing; the stored runs are kept as they are
+    again = store.run("depth-sweep-k6", progress=False)
+    assert len(again["runs"]) == 4
+    assert again["runs"]["A-scratch/tree/M3/seed0"] == record
+    rows = {(r["variant"], r["prior"]): r for r in store.summarise(again)}
+    assert rows[("B", "gaussian-twin")]["seeds"] == [0, 1] and "ratio_mean" not in rows[("B", "gaussian-twin")]
+    assert rows[("A-scratch", "tree")]["ratio_mean"] > 0
+    assert "4 of 4 runs stored" in store.provenance_line(again)
+    sweep = store.depth_sweep_of(again, ["A-scratch"])
+    assert list(sweep.budgets) == [3] and sweep.seed_loss["A-scratch"].shape == (2, 1)
+
+
+def test_verify_reproduces_and_fails_on_a_changed_number(tiny):
+    _, tmp = tiny
+    store.run("depth-sweep-k6", progress=False)
+    report = store.verify("depth-sweep-k6", runs=1)
+    assert report["ok"] and report["configs_rebuilt"] == 4
+    checked = report["checked"][0]
+    assert checked["key"].startswith("B/")  # the cheapest run
+    assert checked["difference"] < 1e-6 * checked["stored"] + 1e-9
+    path = tmp / "results" / "depth-sweep-k6.json"
+    data = json.loads(path.read_text())
+    for key in data["runs"]:
+        if key.startswith("B/"):
+            data["runs"][key]["final_loss"] *= 1.5  # a number that no longer reproduces
+    path.write_text(json.dumps(data))
+    assert not store.verify("depth-sweep-k6", runs=1)["ok"]
+    assert main(["experiment", "verify", "depth-sweep-k6"]) == 2
+
+
+def test_load_result_refuses_missing_corrupt_and_foreign_files(tiny, capsys):
+    _, tmp = tiny
+    with pytest.raises(store.ResultError, match="experiment run depth-sweep-k6"):
+        store.load_result("depth-sweep-k6")
+    store.run("depth-sweep-k6", progress=False, max_items=1)
+    with pytest.raises(store.ResultError, match="incomplete: 2 of 4"):
+        store.load_result("depth-sweep-k6", complete=True)
+    path = tmp / "results" / "depth-sweep-k6.json"
+    data = json.loads(path.read_text())
+    key = next(iter(data["runs"]))
+    data["runs"][key]["config"]["lr"] = 0.5
+    path.write_text(json.dumps(data))
+    with pytest.raises(store.ResultError, match="another definition"):
+        store.load_result("depth-sweep-k6")
+    path.write_text("{not json")
+    with pytest.raises(store.ResultError, match="corrupt"):
+        store.load_result("depth-sweep-k6")
+    assert main(["experiment", "show", "depth-sweep-k6"]) == 2
+    assert "corrupt result file" in capsys.readouterr().err
+
+
+def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_taken_over(tiny):
+    _, tmp = tiny
+    lock = tmp / "results" / "depth-sweep-k6.json.lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text(str(__import__("os").getpid()))  # a live process holds it
+    with pytest.raises(store.ResultError, match="another `experiment run`"):
+        store.run("depth-sweep-k6", progress=False, max_items=1)
+    lock.write_text("999999999")  # no such process
+    store.run("depth-sweep-k6", progress=False, max_items=1)
+    assert not lock.exists()
+
+
+def test_converged_reads_the_last_fifth():
+    def hist(values, steps=100):
+        return [{"step": s, "eval_excess_loss": v} for s, v in zip(range(0, steps + 1, steps // 5), values)]
+    assert store.converged(hist([1, 0.5, 0.3, 0.2, 0.100, 0.099]), 100)
+    assert not store.converged(hist([1, 0.5, 0.3, 0.2, 0.100, 0.097]), 100)
+    assert store.converged(hist([1, 0.5, 0.3, 0.2, 0.100, 0.120]), 100)  # a rise is no fall
+    assert not store.converged(hist([1, 0.5, 0.3, 0.2, 0.100, float("nan")]), 100)
+    assert not store.converged(hist([1, 0.5, 0.3, 0.2, 0.1, 0.1])[:-1], 100)  # unfinished
+
+
+def test_cli_list_and_bad_input(capsys):
+    assert main(["experiment", "list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["experiments"]
+    assert {"depth-sweep-k6", "depth-sweep-k7", "transformers-k4", "reference-k6"} <= set(listed)
+    for entry in listed.values():
+        assert entry["runs"] >= 3 and entry["estimated_cpu_minutes"] > 0
+    for argv in (["experiment", "run", "nope"], ["experiment", "verify", "depth-sweep-k6", "--runs", "0"],
+                 ["experiment", "run", "reference-k6", "--device", "tpu"], ["experiment", "show"],
+                 ["experiment"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("name", store.experiment_names())
+def test_every_experiment_has_three_seeds_per_point_and_buildable_configs(name):
+    experiment = store.get_experiment(name)
+    keys = [r.key for r in experiment.runs]
+    assert len(keys) == len(set(keys))
+    points = {}
+    for r in experiment.runs:
+        r.config.model_config()
+        points.setdefault((r.variant, r.config.prior, r.config.budget), []).append(r.config.seed)
+    assert min(len(s) for s in points.values()) >= (5 if name.startswith("transformers") else 3)
+
+
+STORED = sorted(p.stem for p in RESULTS.glob("*.json"))
+
+
+@pytest.mark.parametrize("name", STORED)
+def test_every_stored_result_loads_and_its_configs_build(name):
+    data = store.load_result(name)
+    for record in data["runs"].values():
+        config = TrainConfig.from_dict(record["config"])
+        config.model_config()
+        assert record["history"][-1]["step"] == config.steps
+        assert record["history"][-1]["eval_excess_loss"] == record["final_loss"]
+        assert record["converged"] == store.converged(record["history"], config.steps)
