@@ -562,8 +562,8 @@ def run(name: str, *, device: str = "cpu", jobs: int = 1, root=None, directory=N
         max_items: int | None = None) -> dict:
     """Train the runs of experiment ``name`` that ``results/NAME.json`` does not hold yet.
 
-    ``jobs`` work items at a time (separate processes, one thread each); each finished item's
-    runs are added to the result file at once. ``root``: the run root of the checkpoints
+    ``jobs`` work items at a time (separate processes, one thread each), the cheapest first;
+    each finished item's runs are added to the result file at once. ``root``: the run root of the checkpoints
     (default ``$FVLIB_RUN_ROOT`` or ``./.fvlib_runs``). ``max_items``: stop after that many
     items (e.g. to spread an experiment over sessions). Returns the result dict.
     """
@@ -582,7 +582,8 @@ def run(name: str, *, device: str = "cpu", jobs: int = 1, root=None, directory=N
         todo = [i for i, item in enumerate(experiment.items) if any(r.key not in data["runs"] for r in item)]
         if max_items is not None:
             todo = todo[:max_items]
-        todo.sort(key=lambda i: -sum(estimate_seconds(r.config) for r in experiment.items[i]))
+        # the cheapest first: an experiment spread over sessions stores the most runs per hour
+        todo.sort(key=lambda i: sum(estimate_seconds(r.config) for r in experiment.items[i]))
         args = [(name, i, root, device, progress and jobs == 1) for i in todo]
         bar = tqdm(total=sum(len(experiment.items[i]) for i in todo), desc=f"{name} runs",
                    disable=not progress or not todo)
