@@ -1,7 +1,8 @@
 # Build and test the executable textbook.
 #
 #   make book   create .venv if needed, run every chapter, write the HTML to _build/html
-#   make test   fvlib's tests, every notebook through nbval, the rendered pages in Chromium
+#   make test   fvlib's tests, every notebook through nbval, the rendered pages in Chromium,
+#               and the stored experiments re-verified (results/*.json)
 #   make clean  remove build outputs (keeps .venv); make distclean also removes .venv
 #
 # Any failing command fails the target: recipes run in bash with -e and -o pipefail.
@@ -21,7 +22,7 @@ NOTEBOOKS := $(sort $(wildcard book/*.ipynb book/*/*.ipynb))
 NBVAL_CELL_TIMEOUT ?= 1200
 PYTEST_FLAGS ?=
 
-.PHONY: help venv book test test-lib test-notebooks test-html clean distclean
+.PHONY: help venv book test test-lib test-notebooks test-html test-experiments clean distclean
 
 help:
 	@echo "make book   - run every chapter and build the HTML book into $(HTML)"
@@ -68,7 +69,7 @@ book: $(STAMP)
 	@echo "The book is in $(HTML)/index.html"
 
 # ---------------------------------------------------------------------------------------
-test: test-lib test-notebooks test-html
+test: test-lib test-notebooks test-html test-experiments
 
 # fvlib's unit tests (everything in tests/ except the browser test).
 test-lib: $(STAMP)
@@ -91,6 +92,17 @@ test-notebooks: $(STAMP)
 test-html: $(STAMP)
 	@test -f "$(HTML)/index.html" || echo "note: $(HTML) is missing, run 'make book' first" >&2
 	$(BIN)/python -m pytest -m browser $(PYTEST_FLAGS) tests/test_book_html.py
+
+# The stored experiments (results/*.json, fvlib.store): each one's cheapest run is retrained from
+# its stored config and must land within the tolerance the file states; the time it adds is
+# printed. (Every stored config is also rebuilt, by tests/test_store.py in test-lib.)
+test-experiments: $(STAMP)
+	@start=$$(date +%s); \
+	for f in results/*.json; do \
+	    [ -e "$$f" ] || continue; \
+	    OMP_NUM_THREADS=1 $(BIN)/python -m fvlib experiment verify "$$(basename "$$f" .json)"; \
+	done; \
+	echo "verifying the stored experiments took $$(( $$(date +%s) - start )) s"
 
 # ---------------------------------------------------------------------------------------
 clean:
