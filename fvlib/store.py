@@ -53,13 +53,12 @@ from tqdm.auto import tqdm
 
 from .experiments import gap_table, paired_ratio
 from .batched import train_many
-from .models import FVTransformer
 from .priors import TreePrior
 from .stats import mean_and_stderr, squared_error
 from .theory import (FiniteSampleChannel, channel_tau2, evaluate_strategies, noisefree_adaptive_loss,
                      noisefree_nodes_loss, best_fixed_nodes, run_greedy)
 from .train import (EVAL_SEED_OFFSET, RECIPE, TRANSFORMER_RECIPE, TrainConfig, _sample_eval_batches,
-                    build_prior, resolve_device, run_dir_for, theory_reference, train)
+                    build_prior, per_context_losses, resolve_device, run_dir_for, theory_reference, train)
 
 __all__ = [
     "Experiment",
@@ -198,7 +197,7 @@ def _tree_theory(depth: int, alpha: float, n_ctx: int, noise_std: float, budgets
     return compute
 
 
-def _reference_theory(task: dict, variants: Sequence[str], arch_runs: Sequence[TrainConfig]):
+def _reference_theory(task: dict, arch_runs: Sequence[TrainConfig]):
     """Each variant's matching reference (:func:`fvlib.train.theory_reference`) on both priors."""
 
     def compute() -> dict:
@@ -239,7 +238,7 @@ def _reference_k6() -> Experiment:
     return Experiment("reference-k6", "the reference configuration (tree K = 6, alpha = 0.5, N = 128, M = 6) "
                       "and its Gaussian twin: A from scratch, A warm-started (tree), B, C; seeds 0, 1, 2; "
                       "3000 steps; chapter 8's gap table", "08_experiments", items,
-                      _reference_theory(task, tree_variants, refs), gap_variants=("A-scratch", "A-warm"))
+                      _reference_theory(task, refs), gap_variants=("A-scratch", "A-warm"))
 
 
 def _transformer_run(variant: str, prior: str, seed: int, steps: int) -> Run:
@@ -260,7 +259,7 @@ def _transformers_k4(steps: int = 3000, seeds=(0, 1, 2, 3, 4)) -> Experiment:
             for p in ("tree", "gaussian-twin") for m in ("A", "B")]
     return Experiment("transformers-k4", f"chapter 11's larger setting: tree K = 4, alpha = 0.5, N = 64, M = 4, "
                       f"and its twin; bottlenecked A' and B', open A'; seeds {', '.join(map(str, seeds))}; "
-                      f"{steps} steps", "11_transformers", items, _reference_theory(task, (), refs))
+                      f"{steps} steps", "11_transformers", items, _reference_theory(task, refs))
 
 
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
@@ -358,23 +357,12 @@ def provenance(device: str, wall: float, cpu: float, code: dict | None = None) -
 # ----------------------------------------------------------------------------------------
 # Per-run analysis (in the worker, while the model is in memory)
 # ----------------------------------------------------------------------------------------
-@torch.no_grad()
 def _eval_errors(model, config: TrainConfig) -> tuple[torch.Tensor, list]:
     """Per-context excess losses ``(eval_contexts,)`` of ``model`` on its evaluation set, and
     the set's batches (on the CPU)."""
-    prior = build_prior(config)
-    batches = _sample_eval_batches(prior, config.n_ctx, config.noise_std, config.eval_contexts,
+    batches = _sample_eval_batches(build_prior(config), config.n_ctx, config.noise_std, config.eval_contexts,
                                    config.effective_data_seed + EVAL_SEED_OFFSET)
-    device = next(model.parameters()).device
-    errors = []
-    for batch in batches:
-        on = batch.to(device)
-        if isinstance(model, FVTransformer):
-            errors.append(squared_error(model.predict_theta(on), on.theta).double().cpu())
-        else:
-            y_hat = model(on)
-            errors.append(((y_hat - (on.theta * on.x_query).sum(-1)) ** 2).double().cpu())
-    return torch.cat(errors), batches
+    return per_context_losses(model, batches)[0], batches
 
 
 def _greedy_paired(model, config: TrainConfig) -> dict:
@@ -442,7 +430,6 @@ def _train_item(args) -> list[dict]:
     prov["item"] = f"{name}#{index}@{prov['date']}"
     for r in records:
         r["provenance"] = prov
-        r["config"]["device"] = r["config"]["device"] if device == "auto" else device
     return records
 
 

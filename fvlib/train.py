@@ -72,6 +72,7 @@ __all__ = [
     "set_learning_rate",
     "training_step",
     "evaluate",
+    "per_context_losses",
     "train",
     "load_run",
     "load_history",
@@ -380,6 +381,13 @@ def _sample_eval_batches(prior, n_ctx, noise_std, contexts, seed, chunk=512) -> 
 
 @torch.no_grad()
 def _evaluate_batches(model: FVTransformer, batches: list[TaskBatch]) -> dict:
+    return _eval_summary(*per_context_losses(model, batches))
+
+
+@torch.no_grad()
+def per_context_losses(model, batches: list[TaskBatch]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The excess and query losses of ``model`` on every context of ``batches``, ``(n,)`` float64
+    each, on the CPU (see :func:`evaluate` for a model that predicts no ``theta_hat``)."""
     device = next(model.parameters()).device
     excess, query = [], []
     was_training = model.training
@@ -395,7 +403,7 @@ def _evaluate_batches(model: FVTransformer, batches: list[TaskBatch]) -> dict:
             excess.append(((y_hat - (batch.theta * batch.x_query).sum(-1)) ** 2).double().cpu())
         query.append(((y_hat - batch.y_query) ** 2).double().cpu())
     model.train(was_training)
-    return _eval_summary(torch.cat(excess), torch.cat(query))
+    return torch.cat(excess), torch.cat(query)
 
 
 def _eval_summary(excess_all: torch.Tensor, query_all: torch.Tensor) -> dict:
