@@ -50,7 +50,7 @@ $(STAMP): requirements.txt pyproject.toml
 # into errors, -n reports every broken reference, --keep-going collects all of them before
 # failing. TQDM_DISABLE=1: progress bars show live in Jupyter and Colab, not as frozen text in
 # the static pages. Three steps, the first two on both cores:
-#  1. `fvlib warm` trains the runs the chapters train (fvlib.experiments.warm_work: the
+#  1. `fvlib experiment warm` trains the runs the chapters train (fvlib.experiments.warm_work: the
 #     shared runs, chapter 8's seeds and depth sweep, its new-recipe model A, chapter 11's
 #     transformers), two processes of one thread, the longest first. The chapters then load
 #     them: the same runs, since training is deterministic.
@@ -62,7 +62,7 @@ $(STAMP): requirements.txt pyproject.toml
 FIRST ?= book/08_experiments.ipynb
 book: $(STAMP)
 	rm -rf "$(HTML)" "$(BUILD)/.doctrees" "$(BUILD)/jupyter_execute" "$(BUILD)/.jupyter_cache"
-	$(BIN)/python -m fvlib warm --jobs 2 --root "$${FVLIB_RUN_ROOT:-book/.fvlib_runs}"
+	$(BIN)/python -m fvlib experiment warm --jobs 2 --root "$${FVLIB_RUN_ROOT:-book/.fvlib_runs}"
 	TQDM_DISABLE=1 OMP_NUM_THREADS=1 $(BIN)/python scripts/execute_book.py --jobs 2 --timeout 1200 --first $(FIRST)
 	TQDM_DISABLE=1 $(BIN)/jupyter-book build . -W -n --keep-going
 	@test -f "$(HTML)/index.html"

@@ -115,12 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     train.set_defaults(handler=_run_train)
 
-    warm = sub.add_parser("warm", help="train the runs the chapters train, ahead of them, in parallel")
-    warm.add_argument("--jobs", type=_positive_int("--jobs"), default=2, help="processes (one thread each)")
-    warm.add_argument("--root", default=None, help="run root (default: $FVLIB_RUN_ROOT or ./.fvlib_runs)")
-    warm.add_argument("--json", action="store_true", help="print one JSON object")
-    warm.set_defaults(handler=_run_warm)
-
+    _add_warm_parser(sub, "warm", "the same as 'experiment warm'")
     patch = sub.add_parser("patch", help="key-patching heatmap of a trained tree-prior run")
     patch.add_argument("--run", required=True, help="run directory written by 'train'")
     patch.add_argument("--contexts", type=_positive_int("--contexts"), default=2000, help="pairs per split level")
@@ -128,21 +123,37 @@ def build_parser() -> argparse.ArgumentParser:
     patch.add_argument("--json", action="store_true", help="print one JSON object")
     patch.set_defaults(handler=_run_patch)
 
-    repro = sub.add_parser("reproduce", help="regenerate the book's result files (JSON)")
+    _add_reproduce_parser(sub, "reproduce", "the same as 'experiment reproduce'")
+    _add_experiment_parser(sub)
+    return parser
+
+
+def _add_warm_parser(sub, name: str, help_text: str) -> None:
+    warm = sub.add_parser(name, help=help_text)
+    warm.add_argument("--jobs", type=_positive_int("--jobs"), default=2, help="processes (one thread each)")
+    warm.add_argument("--root", default=None, help="run root (default: $FVLIB_RUN_ROOT or ./.fvlib_runs)")
+    warm.add_argument("--json", action="store_true", help="print one JSON object")
+    warm.set_defaults(handler=_run_warm)
+
+
+def _add_reproduce_parser(sub, name: str, help_text: str) -> None:
+    repro = sub.add_parser(name, help=help_text)
     repro.add_argument("--quick", action="store_true", help="small configuration (about a minute)")
     repro.add_argument("--out", required=True, help="output directory")
     repro.add_argument("--seed", type=_integer("--seed", 0), default=0)
     repro.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     repro.set_defaults(handler=_run_reproduce)
 
-    _add_experiment_parser(sub)
-    return parser
-
 
 def _add_experiment_parser(sub) -> None:
-    """``experiment list|run|verify|show``: the book's long experiments (:mod:`fvlib.store`)."""
-    experiment = sub.add_parser("experiment", help="the book's long experiments: list, run, verify, show")
+    """``experiment list|run|verify|show|warm|reproduce``: the book's experiments. The named
+    long ones are stored in ``results/`` (:mod:`fvlib.store`); ``warm`` trains the short runs
+    the chapters train in the page build, ``reproduce`` writes the headline numbers as JSON."""
+    experiment = sub.add_parser("experiment", help="the book's experiments: list, run, verify, show (stored, "
+                                                   "long); warm (the chapters' own runs); reproduce (headline JSON)")
     verbs = experiment.add_subparsers(dest="verb", required=True, parser_class=_Parser)
+    _add_warm_parser(verbs, "warm", "train the runs the chapters train, ahead of them, in parallel")
+    _add_reproduce_parser(verbs, "reproduce", "regenerate the book's headline results as JSON files")
     listing = verbs.add_parser("list", help="every named experiment, its size and estimated cost")
     listing.add_argument("--json", action="store_true", help="print one JSON object")
     listing.set_defaults(handler=_run_experiment_list)
@@ -282,24 +293,30 @@ def _experiment_name(name: str) -> str:
 
 
 def _run_experiment_list(args) -> dict:
-    from .store import EXPERIMENTS, estimate_seconds, result_path
+    from .store import EXPERIMENTS, estimate_seconds, provenance_summary, result_path
 
     out = {}
     for name, e in EXPERIMENTS.items():
         path = result_path(name)
-        stored = 0
+        runs, spent = {}, 0.0
         if path.is_file():
             try:
-                stored = len(json.loads(path.read_text()).get("runs", {}))
-            except (OSError, ValueError):
-                stored = 0
+                data = json.loads(path.read_text())
+                runs = data.get("runs", {})
+                spent = provenance_summary(data).get("cpu_seconds", 0.0)
+            except (OSError, ValueError, KeyError, TypeError):
+                runs, spent = {}, 0.0
+        left = [r for r in e.runs if r.key not in runs]
         out[name] = {"description": e.description, "chapter": e.chapter, "runs": len(e.runs),
-                     "stored_runs": stored, "work_items": len(e.items),
-                     "estimated_cpu_minutes": round(sum(estimate_seconds(r.config) for r in e.runs) / 60, 1)}
+                     "stored_runs": len(e.runs) - len(left), "work_items": len(e.items),
+                     "estimated_cpu_minutes": round(sum(estimate_seconds(r.config) for r in e.runs) / 60, 1),
+                     "stored_cpu_minutes": round(spent / 60, 1),
+                     "remaining_cpu_minutes": round(sum(estimate_seconds(r.config) for r in left) / 60, 1)}
     if args.json:
         return {"experiments": out}
-    return {name: f"{v['runs']} runs ({v['stored_runs']} stored), about {v['estimated_cpu_minutes']} CPU min: "
-                  f"{v['description']}" for name, v in out.items()}
+    return {name: f"{v['runs']} runs ({v['stored_runs']} stored, {v['stored_cpu_minutes']} CPU min spent), "
+                  f"about {v['remaining_cpu_minutes']} CPU min left before doublings "
+                  f"(x1 to x7 when runs are doubled): {v['description']}" for name, v in out.items()}
 
 
 def _run_experiment_run(args) -> dict:

@@ -97,11 +97,8 @@ __all__ = [
     "NEW_RECIPE_STEPS",
     "new_recipe_config",
     "TRANSFORMER_CHAPTER",
-    "TRANSFORMER_CHAPTER_FULL",
     "transformer_chapter_configs",
     "SHARED_SEEDS",
-    "DEPTH_SWEEP",
-    "DEPTH_SWEEP_FULL",
     "warm_work",
     "seed_configs",
     "seed_plan",
@@ -241,22 +238,12 @@ TRANSFORMER_CHAPTER = {
                      eval_every=100, eval_contexts=1024, checkpoint_every=300),
     "seeds": (1, 2),
 }
-_FULL_RUN = dict(steps=3000, batch=128, queries=64, width=64, lr=2e-3, warmup=0.0,
-                 eval_every=250, eval_contexts=2048, checkpoint_every=500)
-#: The ``FULL`` setting of chapter 11 (for a GPU), with the K = 4, N = 64 task and 3000 steps.
-TRANSFORMER_CHAPTER_FULL = {
-    "task": dict(depth=4, alpha=0.5, n_ctx=64, noise_std=0.0, budget=4),
-    "run": _FULL_RUN,
-    "open_run": dict(_FULL_RUN),   # at this size the open models train as the others
-    "seeds": (1, 2, 3),
-}
-
-
-def transformer_chapter_configs(full: bool = False, device: str = "auto") -> list[TrainConfig]:
-    """Chapter 11's runs (:data:`TRANSFORMER_CHAPTER`, or :data:`TRANSFORMER_CHAPTER_FULL`):
-    the bottlenecked A' and B' on the tree and its twin at every seed, then the open A' on
-    both priors at every seed, in that order (model, prior, seed)."""
-    setting = TRANSFORMER_CHAPTER_FULL if full else TRANSFORMER_CHAPTER
+def transformer_chapter_configs(device: str = "auto") -> list[TrainConfig]:
+    """Chapter 11's in-build runs (:data:`TRANSFORMER_CHAPTER`): the bottlenecked A' and B' on
+    the tree and its twin at every seed, then the open A' on both priors at every seed, in that
+    order (model, prior, seed). (Its larger setting, K = 4, is the stored experiment
+    ``transformers-k4`` of :mod:`fvlib.store`.)"""
+    setting = TRANSFORMER_CHAPTER
     priors, seeds = ("tree", "gaussian-twin"), setting["seeds"]
     configs = [TrainConfig(arch="transformer", model=kind, prior=prior, seed=seed, device=device,
                            **setting["task"], **setting["run"])
@@ -269,30 +256,20 @@ def transformer_chapter_configs(full: bool = False, device: str = "auto") -> lis
 #: Chapter 8's training seeds of the shared runs and of its depth sweep (seed 0 of a shared
 #: run is the run the other chapters load).
 SHARED_SEEDS = (0, 1, 2)
-#: Chapter 8's depth sweep on the tree prior, models A and B at budgets ``1..depth``, every
-#: training setting pinned (a larger learning rate and fewer steps than the shared runs).
-DEPTH_SWEEP = dict(prior="tree", depth=6, alpha=0.5, n_ctx=128, noise_std=0.0, steps=300, batch=128,
-                   lr=1e-2, queries=64, width=128, hidden_layers=2, eval_every=300, eval_contexts=2048)
-#: The ``FULL`` setting of chapter 8's depth sweep (for a GPU), with K = 8 and 1500 steps of 256 contexts.
-DEPTH_SWEEP_FULL = dict(DEPTH_SWEEP, depth=8, steps=1500, batch=256, eval_every=1500)
-
-
 def warm_work() -> list:
-    """What ``python -m fvlib warm`` trains ahead of the chapters (:func:`train_parallel` items).
+    """What ``python -m fvlib experiment warm`` trains ahead of the chapters (:func:`train_parallel` items).
 
     The runs chapters 5 and 7 to 11 train, each exactly as the chapter trains it (one thread):
     the batch of chapter 8's seeds 1 and 2 of the shared runs (:func:`seed_plan` with
-    :data:`SHARED_SEEDS`), the batch of its depth sweep (:func:`depth_sweep_configs` with
-    :data:`DEPTH_SWEEP`), chapter 8's new-recipe model A (:func:`new_recipe_config`), the six
+    :data:`SHARED_SEEDS`), chapter 8's new-recipe model A (:func:`new_recipe_config`), the six
     shared runs alone (model A first) and chapter 11's transformers
-    (:func:`transformer_chapter_configs`): the longest first.
+    (:func:`transformer_chapter_configs`): the longest first. (Chapter 8's depth sweep is a
+    stored experiment, ``depth-sweep-k6`` of :mod:`fvlib.store`, which no page build trains.)
     """
     shared = shared_configs()
     _, _, seeds_batch = seed_plan(shared, SHARED_SEEDS)
-    budgets = range(1, DEPTH_SWEEP["depth"] + 1)
-    _, sweep = depth_sweep_configs(budgets, ("A", "B"), SHARED_SEEDS, **DEPTH_SWEEP)
     alone = sorted(shared.values(), key=lambda c: "ABC".index(c.model))
-    return [[c for _, c in seeds_batch], sweep, new_recipe_config(shared[("A", "tree")]), *alone,
+    return [[c for _, c in seeds_batch], new_recipe_config(shared[("A", "tree")]), *alone,
             *transformer_chapter_configs()]
 
 

@@ -55,6 +55,7 @@ from .experiments import gap_table, paired_ratio
 from .batched import train_many
 from .priors import TreePrior
 from .stats import mean_and_stderr, squared_error
+from .theory.fits import fit_decay
 from .theory import (FiniteSampleChannel, channel_tau2, evaluate_strategies, noisefree_adaptive_loss,
                      noisefree_nodes_loss, best_fixed_nodes, run_greedy)
 from .train import (EVAL_SEED_OFFSET, RECIPE, TRANSFORMER_RECIPE, TrainConfig, _sample_eval_batches,
@@ -68,9 +69,11 @@ __all__ = [
     "results_dir",
     "result_path",
     "converged",
+    "last_fifth_drop",
     "estimate_seconds",
     "run",
     "load_result",
+    "stored",
     "summarise",
     "verify",
     "TOLERANCE_RULE",
@@ -82,6 +85,10 @@ __all__ = [
     "provenance_line",
     "depth_sweep_of",
     "theory_curves",
+    "decay_fits",
+    "failed",
+    "FAILURE_RULE",
+    "point_rows",
 ]
 
 #: A run whose loss still falls this much (relative) over its last fifth is not converged.
@@ -299,17 +306,24 @@ def estimate_seconds(config: TrainConfig) -> float:
     return config.steps * step + warm
 
 
-def converged(history: Sequence[dict], steps: int) -> bool:
-    """``True`` when the evaluation loss fell by less than 2% over the last fifth of ``steps``:
-    from the last evaluation at or before step ``0.8 steps`` to the final one."""
+def last_fifth_drop(history: Sequence[dict], steps: int) -> float:
+    """How much the evaluation loss fell, relative, over the last fifth of ``steps``: from the
+    last evaluation at or before step ``0.8 steps`` to the final one (``nan`` when the history
+    does not reach ``steps`` or a loss is not finite)."""
     final = history[-1]
     if final["step"] != steps:
-        return False
+        return math.nan
     start = [h for h in history if h["step"] <= 0.8 * steps][-1]
     before, after = start["eval_excess_loss"], final["eval_excess_loss"]
     if not (math.isfinite(before) and math.isfinite(after)):
-        return False
-    return before <= 0 or (before - after) / before < CONVERGENCE_DROP
+        return math.nan
+    return 0.0 if before <= 0 else (before - after) / before
+
+
+def converged(history: Sequence[dict], steps: int) -> bool:
+    """``True`` when the evaluation loss fell by less than 2% over the last fifth of ``steps``
+    (:func:`last_fifth_drop`)."""
+    return bool(last_fifth_drop(history, steps) < CONVERGENCE_DROP)
 
 
 def _git_commit() -> dict:
@@ -404,9 +418,15 @@ def _record(run_: Run, result, attempts: list, gap: bool) -> dict:
     return record
 
 
+def _attempt(result) -> dict:
+    return {"steps": result.config.steps, "final_loss": result.final_loss,
+            "converged": converged(result.history, result.config.steps)}
+
+
 def _train_item(args) -> list[dict]:
-    """Worker: train one work item (its runs in one ``train_many`` call, on one thread), double
-    the steps of a run that has not converged, analyse each run; returns the records."""
+    """Worker: train one work item (its runs in one ``train_many`` call, on one thread), train
+    the runs that have not converged again with twice the steps (together, in one
+    ``train_many`` call per doubling), analyse each run; returns the records."""
     name, index, root, device, progress = args
     torch.set_num_threads(1)
     experiment = get_experiment(name)
@@ -414,17 +434,18 @@ def _train_item(args) -> list[dict]:
     wall, cpu, code = time.perf_counter(), time.process_time(), _git_commit()
     configs = [replace(r.config, device=device) for r in item]
     results = train_many(configs, [run_dir_for(c, root) for c in configs], progress=progress)
-    records = []
-    for run_, result in zip(item, results):
-        attempts = [{"steps": result.config.steps, "final_loss": result.final_loss,
-                     "converged": converged(result.history, result.config.steps)}]
-        while not attempts[-1]["converged"] and len(attempts) <= MAX_DOUBLINGS:
-            steps = 2 * result.config.steps
-            longer = replace(result.config, steps=steps, eval_every=steps // 20)
-            result = train(longer, out_dir=run_dir_for(longer, root), progress=progress)
-            attempts.append({"steps": steps, "final_loss": result.final_loss,
-                             "converged": converged(result.history, steps)})
-        records.append(_record(run_, result, attempts, run_.variant in experiment.gap_variants))
+    attempts = [[_attempt(r)] for r in results]
+    for _ in range(MAX_DOUBLINGS):
+        todo = [i for i, a in enumerate(attempts) if not a[-1]["converged"]]
+        if not todo:
+            break
+        longer = [replace(results[i].config, steps=2 * results[i].config.steps,
+                          eval_every=2 * results[i].config.steps // 20) for i in todo]
+        for i, result in zip(todo, train_many(longer, [run_dir_for(c, root) for c in longer], progress=progress)):
+            results[i] = result
+            attempts[i].append(_attempt(result))
+    records = [_record(run_, result, tries, run_.variant in experiment.gap_variants)
+               for run_, result, tries in zip(item, results, attempts)]
     prov = provenance(device, time.perf_counter() - wall, time.process_time() - cpu, code)
     prov["runs_in_item"] = len(item)
     prov["item"] = f"{name}#{index}@{prov['date']}"
@@ -436,14 +457,25 @@ def _train_item(args) -> list[dict]:
 # ----------------------------------------------------------------------------------------
 # The result file
 # ----------------------------------------------------------------------------------------
+#: Where ``pip install`` puts a copy of the repository's ``results/*.json`` (pyproject.toml,
+#: ``data-files``), relative to the environment's prefix.
+INSTALLED_RESULTS = Path("share") / "fvlib" / "results"
+
+
 def results_dir() -> Path:
     """``$FVLIB_RESULTS_DIR``, else the ``results/`` folder of the repository this fvlib lives in
-    (an editable install, as ``make book`` makes), else ``./results``."""
+    (an editable install, as ``make book`` makes), else the copy a ``pip install`` of the
+    repository made (``sys.prefix/share/fvlib/results``, e.g. on Colab), else ``./results``."""
+    import sys
+
     if os.environ.get(RESULTS_ENV):
         return Path(os.environ[RESULTS_ENV])
     repo = Path(__file__).resolve().parents[1]
     if (repo / "pyproject.toml").is_file():
         return repo / "results"
+    installed = Path(sys.prefix) / INSTALLED_RESULTS
+    if installed.is_dir():
+        return installed
     return Path("results")
 
 
@@ -490,6 +522,20 @@ def load_result(name: str, directory=None, *, complete: bool = False) -> dict:
                           + ("" if data.get("theory") is not None else ", theory missing")
                           + f"; run `python -m fvlib experiment run {name}`")
     return data
+
+
+def stored(name: str, *, recompute: bool = False, device: str = "auto", directory="recomputed",
+           progress: bool = True) -> dict:
+    """The result of experiment ``name`` as a chapter reads it.
+
+    By default the stored ``results/NAME.json`` (:func:`load_result`). With ``recompute=True``
+    the experiment is trained here first (:func:`run` on ``device``, resumable), into
+    ``directory`` (default ``./recomputed``, so the stored file is never overwritten), and that
+    result is returned: on a GPU (Colab) minutes to an hour, on a CPU hours.
+    """
+    if not recompute:
+        return load_result(name)
+    return run(name, device=device, directory=directory, root=Path(directory) / "runs", progress=progress)
 
 
 def _same_config(stored: dict, defined: TrainConfig) -> bool:
@@ -721,3 +767,67 @@ def theory_curves(data: dict, names: Sequence[str], budgets: Sequence[int] | Non
     index = [theory["budgets"].index(int(b)) for b in (budgets if budgets is not None else theory["budgets"])]
     return {n: (np.array(theory["curves"][n]["mean"])[index], np.array(theory["curves"][n]["stderr"])[index])
             for n in names}
+
+
+def decay_fits(data: dict, variants: Sequence[str], theory_names: Sequence[str] = (), prior: str = "tree",
+               budgets: Sequence[int] | None = None) -> list[dict]:
+    """Exponential and power-law fits (:func:`fvlib.theory.fits.fit_decay`) of a stored depth
+    sweep's curves over ``budgets`` (default: every budget stored for all seeds).
+
+    One row per trained variant and seed, one for each variant's mean over seeds, one per
+    theory curve of ``theory_names``: ``{"curve", "seed" (an int, or "mean" / "theory"),
+    "budgets", "loss" (n,), "fit" (DecayFit), "factor" (the fitted drop factor per extra
+    budget, ``1 / fit.exp_base``), "drops" ((n - 1,): loss(M) / loss(M + 1))}``.
+    """
+    sweep = depth_sweep_of(data, variants, prior)
+    keep = list(range(len(sweep.budgets))) if budgets is None else \
+        [list(sweep.budgets).index(int(b)) for b in budgets]
+    x = sweep.budgets[keep]
+    curves = []
+    for v in variants:
+        curves += [(v, s, sweep.seed_loss[v][i][keep]) for i, s in enumerate(sweep.seeds)]
+        curves.append((v, "mean", sweep.loss[v][keep]))
+    curves += [(n, "theory", mean) for n, (mean, _) in theory_curves(data, theory_names, x).items()]
+    rows = []
+    for name, seed, loss in curves:
+        fit = fit_decay(x, loss)
+        rows.append({"curve": name, "seed": seed, "budgets": x.tolist(), "loss": np.asarray(loss), "fit": fit,
+                     "factor": 1 / fit.exp_base, "drops": np.asarray(loss[:-1]) / np.asarray(loss[1:])})
+    return rows
+
+
+#: When a stored run counts as failed (:func:`failed`; the book reports failures as such).
+FAILURE_RULE = ("a tree-prior run fails when its final loss is not below the loss of measuring the first M "
+                "coordinates in heap order (the theory's nonadaptive_coord, which needs no learned direction "
+                "and no routing); a Gaussian-twin run fails when it is more than 1.5 times the budget's "
+                "closed form")
+
+
+def failed(data: dict, record: dict) -> bool:
+    """``True`` when ``record`` (a run of ``data``) failed by :data:`FAILURE_RULE`."""
+    theory = data["theory"] or {}
+    if record["prior"] == "tree":
+        if "curves" in theory:
+            coord = theory["curves"]["nonadaptive_coord"]["mean"][theory["budgets"].index(record["budget"])]
+        else:
+            coord = theory["tree"]["nonadaptive_coord"]["mean"]
+        return not record["final_loss"] < coord
+    closed = next(v["value"] for k, v in theory.items() if k.endswith("/" + record["prior"]))
+    return not record["final_loss"] <= 1.5 * closed
+
+
+def point_rows(data: dict) -> list[dict]:
+    """:func:`summarise` with the failures of each point: ``failed`` (the seeds that failed by
+    :data:`FAILURE_RULE`), ``mean_ok`` / ``spread_ok`` over the other seeds (``nan`` if none),
+    and each seed's ``last_fifth_drop``."""
+    rows = summarise(data)
+    for row in rows:
+        records = [r for r in data["runs"].values() if _point(r) == (row["variant"], row["prior"], row["budget"])]
+        records.sort(key=lambda r: r["seed"])
+        bad = [failed(data, r) for r in records]
+        ok = np.array([r["final_loss"] for r, b in zip(records, bad) if not b])
+        row["failed"] = [r["seed"] for r, b in zip(records, bad) if b]
+        row["last_fifth_drop"] = [last_fifth_drop(r["history"], r["steps"]) for r in records]
+        row["mean_ok"] = float(ok.mean()) if len(ok) else math.nan
+        row["spread_ok"] = float(ok.std(ddof=1)) if len(ok) > 1 else math.nan
+    return rows

@@ -163,3 +163,63 @@ def test_every_stored_result_loads_and_its_configs_build(name):
         assert record["history"][-1]["step"] == config.steps
         assert record["history"][-1]["eval_excess_loss"] == record["final_loss"]
         assert record["converged"] == store.converged(record["history"], config.steps)
+
+
+def test_last_fifth_drop_is_the_relative_fall():
+    hist = [{"step": s, "eval_excess_loss": v} for s, v in zip(range(0, 101, 20), [1, 0.5, 0.3, 0.2, 0.1, 0.09])]
+    assert store.last_fifth_drop(hist, 100) == pytest.approx(0.1)
+    assert store.last_fifth_drop(hist[:-1], 100) != store.last_fifth_drop(hist[:-1], 100)  # nan: unfinished
+
+
+def _sweep_result(losses: dict, theory: dict) -> dict:
+    """A result dict with the given final losses {(variant, budget, seed): loss}."""
+    runs = {}
+    for (variant, budget, seed), loss in losses.items():
+        key = store._key_of(variant, "tree", budget, seed)
+        runs[key] = {"key": key, "variant": variant, "prior": "tree", "budget": budget, "seed": seed,
+                     "final_loss": loss, "final_stderr": 0.01 * loss, "converged": True, "steps": 100,
+                     "history": [{"step": 80, "eval_excess_loss": loss}, {"step": 100, "eval_excess_loss": loss}]}
+    return {"experiment": "x", "planned_runs": list(runs), "runs": runs, "theory": theory}
+
+
+def test_decay_fits_recover_an_exponential_and_a_power_law():
+    budgets = [1, 2, 3, 4]
+    losses = {("A", m, s): 0.5 ** m * (1 + 0.01 * s) for m in budgets for s in (0, 1)}
+    losses |= {("B", m, s): m ** -1.0 * (1 + 0.01 * s) for m in budgets for s in (0, 1)}
+    theory = {"budgets": budgets, "curves": {"adaptive_greedy": {"mean": [0.25 ** m for m in budgets],
+                                                                 "stderr": [0.0] * 4}}}
+    rows = {(r["curve"], r["seed"]): r for r in store.decay_fits(_sweep_result(losses, theory), ["A", "B"],
+                                                                 ["adaptive_greedy"])}
+    assert rows["A", 0]["factor"] == pytest.approx(2.0) and rows["A", "mean"]["fit"].best == "exponential"
+    assert rows["B", 1]["fit"].best == "power" and rows["B", 1]["fit"].power_exponent == pytest.approx(-1.0)
+    assert rows["adaptive_greedy", "theory"]["factor"] == pytest.approx(4.0)
+    assert rows["A", 0]["drops"] == pytest.approx([2.0, 2.0, 2.0])
+    head = store.decay_fits(_sweep_result(losses, theory), ["A"], budgets=[1, 2, 3])
+    assert head[0]["budgets"] == [1, 2, 3] and len(head[0]["drops"]) == 2
+
+
+def test_failed_runs_by_the_rule_and_point_rows_without_them():
+    theory = {"budgets": [2], "curves": {"nonadaptive_coord": {"mean": [0.3], "stderr": [0.0]}}}
+    data = _sweep_result({("A", 2, 0): 0.1, ("A", 2, 1): 0.31, ("A", 2, 2): 0.12}, theory)
+    assert [store.failed(data, r) for r in data["runs"].values()] == [False, True, False]
+    (row,) = store.point_rows(data)
+    assert row["failed"] == [1] and row["mean_ok"] == pytest.approx(0.11)
+    twin = {"A/gaussian-twin": {"value": 0.4}, "tree": {"nonadaptive_coord": {"mean": 0.3}}}
+    record = {"prior": "gaussian-twin", "budget": 4, "final_loss": 0.61}
+    assert store.failed({"theory": twin}, record) and not store.failed({"theory": twin}, {**record, "final_loss": 0.59})
+
+
+def test_stored_reads_the_store_or_recomputes_elsewhere(tiny):
+    _, tmp = tiny
+    with pytest.raises(store.ResultError, match="experiment run depth-sweep-k6"):
+        store.stored("depth-sweep-k6")
+    data = store.stored("depth-sweep-k6", recompute=True, device="cpu", directory=tmp / "again", progress=False)
+    assert len(data["runs"]) == 4 and (tmp / "again" / "depth-sweep-k6.json").is_file()
+    assert not (tmp / "results" / "depth-sweep-k6.json").exists()
+
+
+def test_experiment_warm_and_reproduce_are_verbs_of_the_family(capsys):
+    assert main(["experiment", "warm", "--jobs", "0"]) == 2
+    assert "--jobs" in capsys.readouterr().err
+    assert main(["experiment", "reproduce"]) == 2  # --out is required
+    assert "--out" in capsys.readouterr().err

@@ -297,10 +297,9 @@ def test_train_parallel_trains_a_batch_as_train_many_does(tmp_path):
 
 
 def test_warm_work_is_what_chapter_8_trains():
-    """`python -m fvlib warm` trains chapter 8's batches exactly: the seeds train_seeds batches
-    and the configs depth_sweep trains, in their order, plus every run trained alone."""
-    from fvlib.experiments import (DEPTH_SWEEP, SHARED_SEEDS, depth_sweep_configs, seed_plan,
-                                   warm_work)
+    """`python -m fvlib experiment warm` trains chapter 8's batch exactly: the seeds that
+    train_seeds batches, in their order, plus every run trained alone; no depth sweep (stored)."""
+    from fvlib.experiments import SHARED_SEEDS, seed_plan, warm_work
 
     work = warm_work()
     shared = shared_configs()
@@ -308,12 +307,10 @@ def test_warm_work_is_what_chapter_8_trains():
     assert work[0] == [c for _, c in batched] and len(work[0]) == 12
     assert solo == shared and all(c.seed in (1, 2) and c.data_seed == 0 for c in work[0])
     assert [c.seed for c in per_key[("A", "tree")]] == [0, 1, 2]
-    grid, flat = depth_sweep_configs(range(1, 7), ("A", "B"), SHARED_SEEDS, **DEPTH_SWEEP)
-    assert work[1] == flat and len(flat) == 36 and len(grid["A"]) == 3
-    alone = work[2:]
+    alone = work[1:]
     assert all(isinstance(c, TrainConfig) for c in alone)
     assert set(shared.values()) <= set(alone)
-    dirs = [run_dir_for(c) for c in [*work[0], *work[1], *alone]]
+    dirs = [run_dir_for(c) for c in [*work[0], *alone]]
     assert len(set(dirs)) == len(dirs)
 
 
@@ -333,4 +330,3 @@ def test_chapter_run_configs_are_the_chapters_runs():
     assert [c.arch for c in configs].count("transformer-open") == 2 * len(TRANSFORMER_CHAPTER["seeds"])
     assert all(c.warmup == 0 and c.lr == 2e-3 and c.depth == 2 for c in configs)
     assert len({run_dir_for(c) for c in configs}) == len(configs)
-    assert len(transformer_chapter_configs(full=True)) == 18

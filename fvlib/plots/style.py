@@ -13,7 +13,7 @@ Change a colour or a label here and every chapter and explorer follows.
 
 from __future__ import annotations
 
-__all__ = ["OKABE_ITO", "palette", "MODEL_COLORS", "STRATEGY_LABELS"]
+__all__ = ["OKABE_ITO", "palette", "MODEL_COLORS", "VARIANT_STYLES", "variant_color", "STRATEGY_LABELS"]
 
 #: The Okabe-Ito colour-blind-safe palette, by colour name.
 OKABE_ITO = {
@@ -38,6 +38,23 @@ def palette(*names: str) -> tuple[str, ...]:
 
 #: One colour per model, used by every figure of the experiment chapters and the explorers.
 MODEL_COLORS = {"A": OKABE_ITO["green"], "B": OKABE_ITO["orange"], "C": OKABE_ITO["blue"]}
+
+#: Colour, marker and legend text of the variants of the stored experiments (:mod:`fvlib.store`):
+#: model A trained from scratch and model A that first imitates the greedy policy.
+VARIANT_STYLES = {
+    "A-scratch": dict(color=OKABE_ITO["green"], marker="o", label="model A, from scratch"),
+    "A-warm": dict(color=OKABE_ITO["sky"], marker="s",
+                   label="model A, imitation warm start (greedy)"),
+    "B": dict(color=OKABE_ITO["orange"], marker="D", label="model B"),
+    "C": dict(color=OKABE_ITO["blue"], marker="^", label="model C"),
+}
+
+
+def variant_color(name: str) -> str:
+    """The colour of a model (``"A"``) or a stored variant (``"A-warm"``); black if unknown."""
+    if name in VARIANT_STYLES:
+        return VARIANT_STYLES[name]["color"]
+    return MODEL_COLORS.get(name, MODEL_COLORS.get(name.split("-")[0], "k"))
 
 #: Legend text of the strategies of :func:`fvlib.theory.strategies.evaluate_strategies` (the
 #: decoder in parentheses: the exact Bayes posterior or the best linear estimator).

@@ -63,10 +63,13 @@ class Table:
             raise ValueError(f"formats name unknown columns {unknown}; columns are {self.columns}")
 
     def cell_text(self, row: int, column: int) -> str:
-        """Cell ``(row, column)`` as the table shows it."""
+        """Cell ``(row, column)`` as the table shows it (a column's format applies to its numbers;
+        a text cell is shown as it is)."""
         value = self.rows[row][column]
         pattern = self.formats.get(self.columns[column])
-        return pattern.format(value) if pattern is not None else _default_format(value)
+        if pattern is None or isinstance(value, str):
+            return _default_format(value)
+        return pattern.format(value)
 
     def _texts(self) -> list[list[str]]:
         return [[self.cell_text(i, j) for j in range(len(self.columns))] for i in range(len(self.rows))]

@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from .style import MODEL_COLORS, OKABE_ITO, STRATEGY_LABELS, palette
+from .style import MODEL_COLORS, OKABE_ITO, STRATEGY_LABELS, VARIANT_STYLES, palette, variant_color
 
 __all__ = [
     "THEORY_STYLES",
@@ -202,10 +202,11 @@ def plot_depth_sweep(sweep: DepthSweep, theory: Mapping[str, tuple] | None = Non
     labels = labels or {"A": "model A (L = M layers, d = 1)", "B": "model B (L = 1, d = M channels)"}
     n_seeds = len(getattr(sweep, "seeds", (0,)))
     for model, loss in sweep.loss.items():
-        color = MODEL_COLORS.get(model, "k")
-        label = labels.get(model, f"model {model}")
+        color = variant_color(model)
+        marker = VARIANT_STYLES.get(model, {}).get("marker", "o")
+        label = labels.get(model, VARIANT_STYLES.get(model, {}).get("label", f"model {model}"))
         ax.errorbar(
-            sweep.budgets, loss, yerr=2 * sweep.stderr[model], fmt="o-", ms=6, lw=2, capsize=3,
+            sweep.budgets, loss, yerr=2 * sweep.stderr[model], fmt=marker + "-", ms=6, lw=2, capsize=3,
             color=color, label=label + (f", mean of {n_seeds} seeds" if n_seeds > 1 else ""),
         )
         per_seed = getattr(sweep, "seed_loss", {}).get(model)
