@@ -62,6 +62,7 @@ from .train import (EVAL_SEED_OFFSET, RECIPE, TRANSFORMER_RECIPE, TrainConfig, _
                     build_prior, per_context_losses, resolve_device, run_dir_for, theory_reference, train)
 
 __all__ = [
+    "Run",
     "Experiment",
     "EXPERIMENTS",
     "experiment_names",
@@ -270,6 +271,7 @@ def _transformers_k4(steps: int = 3000, seeds=(0, 1, 2, 3, 4)) -> Experiment:
                       f"{steps} steps", "11_transformers", items, _reference_theory(task, refs))
 
 
+#: The catalogue of named experiments, by name (``python -m fvlib experiment list``).
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     _depth_sweep("depth-sweep-k6", 6, ("A-scratch", "A-warm", "B"), "08_experiments"),
     _depth_sweep("depth-sweep-k7", 7, ("A-scratch", "B"), "08_experiments"),
