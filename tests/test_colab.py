@@ -127,4 +127,5 @@ def test_device_is_picked_automatically(monkeypatch):
 def test_every_chapter_documents_a_bigger_configuration(path):
     text = path.read_text()
     assert "Run it bigger" in text, f"{path.name} has no 'Run it bigger' admonition"
-    assert "FULL = False" in text, f"{path.name} has no FULL switch for the bigger configuration"
+    assert "FULL = False" in text or "RECOMPUTE = False" in text, \
+        f"{path.name} has no FULL (or RECOMPUTE, for stored experiments) switch for the bigger configuration"
