@@ -42,6 +42,7 @@ import math
 import os
 import platform
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -469,8 +470,6 @@ def results_dir() -> Path:
     """``$FVLIB_RESULTS_DIR``, else the ``results/`` folder of the repository this fvlib lives in
     (an editable install, as ``make book`` makes), else the copy a ``pip install`` of the
     repository made (``sys.prefix/share/fvlib/results``, e.g. on Colab), else ``./results``."""
-    import sys
-
     if os.environ.get(RESULTS_ENV):
         return Path(os.environ[RESULTS_ENV])
     repo = Path(__file__).resolve().parents[1]
@@ -645,17 +644,22 @@ def _point(record: dict) -> tuple:
     return (record["variant"], record["prior"], record["budget"])
 
 
+def _records_by_point(data: dict) -> dict[tuple, list[dict]]:
+    """The stored runs grouped by point (variant, prior, budget), each group in seed order."""
+    points: dict[tuple, list[dict]] = {}
+    for record in data["runs"].values():
+        points.setdefault(_point(record), []).append(record)
+    return {k: sorted(v, key=lambda r: r["seed"]) for k, v in points.items()}
+
+
 def summarise(data: dict) -> list[dict]:
     """One row per point (variant, prior, budget) of a result: the seeds' final losses, their
     mean, Monte Carlo standard error of the mean, spread (std over seeds, ``ddof=1``), the
     number of runs not converged, the steps, and the paired ratio to greedy (tree runs: mean
     over seeds and its spread)."""
-    points: dict[tuple, list[dict]] = {}
-    for record in data["runs"].values():
-        points.setdefault(_point(record), []).append(record)
+    points = _records_by_point(data)
     rows = []
     for (variant, prior, budget), records in points.items():
-        records.sort(key=lambda r: r["seed"])
         loss = np.array([r["final_loss"] for r in records])
         se = np.array([r["final_stderr"] for r in records])
         row = {"variant": variant, "prior": prior, "budget": budget, "seeds": [r["seed"] for r in records],
@@ -828,10 +832,9 @@ def point_rows(data: dict) -> list[dict]:
     """:func:`summarise` with the failures of each point: ``failed`` (the seeds that failed by
     :data:`FAILURE_RULE`), ``mean_ok`` / ``spread_ok`` over the other seeds (``nan`` if none),
     and each seed's ``last_fifth_drop``."""
-    rows = summarise(data)
+    rows, points = summarise(data), _records_by_point(data)
     for row in rows:
-        records = [r for r in data["runs"].values() if _point(r) == (row["variant"], row["prior"], row["budget"])]
-        records.sort(key=lambda r: r["seed"])
+        records = points[row["variant"], row["prior"], row["budget"]]
         bad = [failed(data, r) for r in records]
         ok = np.array([r["final_loss"] for r, b in zip(records, bad) if not b])
         row["failed"] = [r["seed"] for r, b in zip(records, bad) if b]
