@@ -38,6 +38,7 @@ Nothing is unpickled: tensors go through safetensors, the rest through JSON.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -148,7 +149,7 @@ def write_atomic(path, data: bytes) -> None:
 
 def check_writable_dir(path) -> Path:
     """Create directory ``path`` (and its parents) if needed and check that files can be
-    created in it; returns it as a :class:`~pathlib.Path`.
+    created in it; returns it as a ``pathlib.Path``.
 
     Raises:
         RunDirError: ``path`` is a file, lies under a file, or is not writable (permissions,
@@ -176,6 +177,8 @@ def check_writable_dir(path) -> Path:
 # The lock
 # ----------------------------------------------------------------------------------------
 _HELD: set[str] = set()  # run directories this process has locked
+#: ``flock`` errors of file systems that do not support it (the run is then not locked).
+NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 
 
 class RunLock:
@@ -192,6 +195,11 @@ class RunLock:
         self._fd: int | None = None
 
     def acquire(self) -> "RunLock":
+        """Take the lock, waiting while another process holds it; returns ``self``.
+
+        Raises:
+            RunDirError: the directory is not writable, or this process holds its lock already.
+        """
         if self._key in _HELD:
             raise RunDirError(f"{self.run_dir} is already being trained in this process")
         check_writable_dir(self.run_dir)
@@ -201,13 +209,7 @@ class RunLock:
             raise RunDirError(f"cannot create the lock file {self.path} ({err.strerror or err})") from None
         try:
             if fcntl is not None:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-                    print(f"fvlib: waiting for {self.run_dir}: another process (pid {holder}) is training it",
-                          file=sys.stderr, flush=True)
-                    fcntl.flock(fd, fcntl.LOCK_EX)
+                self._flock(fd)
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode(), 0)
         except BaseException:
@@ -216,6 +218,20 @@ class RunLock:
         self._fd = fd
         _HELD.add(self._key)
         return self
+
+    def _flock(self, fd: int) -> None:
+        """Lock ``fd``, waiting (and saying so) while another process holds it; a file system
+        without ``flock`` (some network and FUSE mounts) leaves the run unlocked."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            print(f"fvlib: waiting for {self.run_dir}: another process (pid {holder}) is training it",
+                  file=sys.stderr, flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as err:
+            if err.errno not in NO_FLOCK:
+                raise RunDirError(f"cannot lock {self.path} ({err.strerror or err})") from None
 
     def release(self) -> None:
         """Release the lock (the lock file stays: removing it would let two processes lock two files)."""

@@ -5,7 +5,7 @@
 :func:`fvlib.store.run` (``python -m fvlib experiment run --jobs``):
 
 * each worker asks the kernel to kill it when its parent dies (Linux: ``prctl(PR_SET_PDEATHSIG)``
-  through :mod:`ctypes`); elsewhere a thread of the worker checks ``os.getppid()`` every
+  through ``ctypes``); elsewhere a thread of the worker checks ``os.getppid()`` every
   second. So a parent killed by ``SIGKILL`` leaves no orphan training on;
 * while the pool is open, ``SIGTERM`` to the parent (in its main thread) raises ``SystemExit``
   there, which terminates the workers on the way out (exit status 143);

@@ -306,6 +306,15 @@ def test_one_process_cannot_train_a_run_twice_at_once(tmp_path):
     train(SMALL, out_dir=tmp_path / "run", progress=False, until_step=2)  # released: fine
 
 
+def test_a_file_system_without_flock_trains_unlocked(tmp_path, monkeypatch):
+    def no_flock(fd, operation):
+        raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+
+    monkeypatch.setattr(ckpt.fcntl, "flock", no_flock)  # what some network and FUSE mounts answer
+    train(SMALL, out_dir=tmp_path / "run", progress=False, until_step=2)
+    assert manifest_step(tmp_path / "run") == 2
+
+
 HOLDER = """
 import sys, time
 from fvlib.checkpoint import RunLock
