@@ -31,7 +31,8 @@ trained. A second process that opens the same run waits for the first to finish 
 on stderr, once), then resumes or reloads what the first left: training is deterministic, so
 the numbers are the same. The same process opening a run twice is refused (it would wait on
 itself). Readers (:func:`fvlib.train.load_run`) take no lock: the manifest tells them which
-files belong together.
+files belong together. On a file system without ``flock`` (some network and FUSE mounts) runs
+are not locked.
 
 Nothing is unpickled: tensors go through safetensors, the rest through JSON.
 """
@@ -356,10 +357,6 @@ class Checkpoint:
 
     data: dict[str, bytes]
     step: int | None
-
-    @property
-    def legacy(self) -> bool:
-        return self.step is None
 
 
 def _read_verified(run_dir: Path, name: str, expected: dict | None) -> bytes:
