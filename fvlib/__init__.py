@@ -5,6 +5,8 @@ imports only from the layers below it (``tests/test_import_layers.py`` checks th
 
     _checks, stats            argument checks of the public entry points; squared error, mean and
                               standard error, the relative gap of two estimates
+    checkpoint, workers       run directories on disk (atomic checkpoints with a manifest of
+                              checksums, the lock); worker processes that end with their parent
     priors                    the tree prior, Gaussian priors, the Gaussian twin
     task                      in-context regression contexts, labels and queries
     theory                    exact posteriors, strategies, dynamic programming, closed forms, fits

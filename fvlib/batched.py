@@ -20,8 +20,9 @@ all models that would see the same ones alone.
   of a stack read the shared contexts once (:func:`fvlib.models.measure`), which is where
   batching pays most. Training one such config alone with ``train`` gives the same numbers.
 * **Run directories.** Each model's directory holds exactly what ``train`` writes (config,
-  weights, Adam moments and RNG state, history) at the same steps, so :func:`~fvlib.train.load_run`
-  reads it, ``train(config, out_dir=dir)`` resumes or reloads it, and ``train_many`` resumes
+  weights, Adam moments and RNG state, history, the checkpoint's manifest) at the same steps,
+  each checkpoint one atomic step, and is locked while trained (:mod:`fvlib.checkpoint`), so
+  :func:`~fvlib.train.load_run` reads it, ``train(config, out_dir=dir)`` resumes or reloads it, and ``train_many`` resumes
   directories that ``train`` started, and the other way round.
 * **Numbers.** With the same configs the results are bitwise reproducible on the CPU. Against
   training alone, the step-0 evaluation, the sampled contexts and the evaluation sets are
@@ -310,8 +311,10 @@ def train_many(
 
     Raises:
         ValueError: configs that are not ``TrainConfig``, ``out_dirs`` of another length or
-            naming one directory twice, ``until_step`` out of range, and the
-            :class:`~fvlib.train.RunDirError` of a directory ``train`` would refuse.
+            naming one directory twice, ``until_step`` out of range, the
+            :class:`~fvlib.train.RunDirError` of a directory ``train`` would refuse, and
+            :class:`~fvlib.train.TrainingDiverged` when a run diverges (every directory keeps
+            its last checkpoint).
     """
     configs, dirs, stops = _check_args(configs, out_dirs, until_step)
     if threads is not None:
@@ -323,24 +326,35 @@ def train_many(
         finally:
             torch.set_num_threads(before)
     eval_sets: dict[tuple, list] = {}  # runs on the same evaluation contexts share them
-    runs = []
-    for config, out_dir in zip(configs, dirs):
-        run = _Run(config, out_dir, resume, eval_sets.get(_eval_set_key(config)))
-        eval_sets.setdefault(_eval_set_key(config), run.eval_batches)
-        runs.append(run)
+    runs: list[_Run] = []
+    try:
+        for config, out_dir in zip(configs, dirs):
+            run = _Run(config, out_dir, resume, eval_sets.get(_eval_set_key(config)))
+            eval_sets.setdefault(_eval_set_key(config), run.eval_batches)
+            runs.append(run)
+        _train_runs(runs, stops, progress)
+    finally:
+        for run in runs:  # their directories' locks
+            run.close()
+    return [run.result() for run in runs]
+
+
+def _train_runs(runs: list[_Run], stops: list[int], progress: bool) -> None:
+    """The loop of :func:`train_many`: every run up to its stop, stacked where possible."""
     for run in runs:
         if not run.history:
             run.record_eval()
     stacks = _make_stacks(runs, stops)
     total = sum((stack.stop - stack.step) * len(stack.runs) for stack in stacks)
-    bar = tqdm(total=total, disable=not progress_shown(progress), leave=False, desc=f"{len(configs)} models")
+    bar = tqdm(total=total, disable=not progress_shown(progress), leave=False, desc=f"{len(runs)} models")
     active = stacks
-    while active:
-        for stream in {id(s): s for stack in active for s in stack.streams}.values():
-            stream.draw()
-        for stack in active:
-            _after_step(stack, stack.train_step())
-            bar.update(len(stack.runs))
-        active = [stack for stack in active if stack.step < stack.stop]
-    bar.close()
-    return [run.result() for run in runs]
+    try:
+        while active:
+            for stream in {id(s): s for stack in active for s in stack.streams}.values():
+                stream.draw()
+            for stack in active:
+                _after_step(stack, stack.train_step())
+                bar.update(len(stack.runs))
+            active = [stack for stack in active if stack.step < stack.stop]
+    finally:
+        bar.close()

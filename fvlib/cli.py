@@ -64,6 +64,16 @@ def _checked(check, *args, **kwargs):
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _writable_dir(flag: str, path) -> None:
+    """Before any work: directory ``path``, given by ``flag``, exists or can be made, and is writable."""
+    from .checkpoint import RunDirError, check_writable_dir
+
+    try:
+        check_writable_dir(path)
+    except RunDirError as err:
+        raise CliError(f"{flag}: {err}") from None
+
+
 def _add_task_args(p, prior_choices):
     p.add_argument("--prior", choices=prior_choices, default="tree")
     p.add_argument("--depth", type=_positive_int("--depth"), required=True, help="tree depth K (D = 2^K - 1)")
@@ -226,6 +236,7 @@ def _run_train(args) -> dict:
         noise_std=args.noise_std, budget=args.budget, steps=args.steps, seed=args.seed, device=args.device,
         arch=args.arch, **recipe,
     )
+    _writable_dir("--out", args.out)
     result = train(config, out_dir=args.out, progress=not args.no_progress)
     return {
         "final_loss": result.final_loss,
@@ -241,16 +252,21 @@ def _run_warm(args) -> dict:
     """The runs the chapters train (:func:`fvlib.experiments.warm_work`), each exactly as the
     chapter trains it, ``--jobs`` processes at a time."""
     from .experiments import train_parallel, warm_work
+    from .train import run_root
 
+    _writable_dir("--root", run_root(args.root))
     return {"runs": train_parallel(warm_work(), jobs=args.jobs, root=args.root)}
 
 
 def _run_patch(args) -> dict:
     from .patching import key_patching_sweep, theory_patching_sweep
     from .priors import TreePrior
-    from .train import build_prior, load_run
+    from .train import RunDirError, build_prior, load_run
 
-    model, config, _ = load_run(args.run)
+    try:
+        model, config, _ = load_run(args.run)
+    except RunDirError as err:
+        raise CliError(f"--run: {err}") from None
     if config.arch == "transformer-open":
         raise CliError(f"patch supports --arch constrained runs (key patching) and --arch transformer runs "
                        f"(its state-patching analogue); {args.run} is an --arch {config.arch} run, which has "
@@ -281,6 +297,7 @@ def _run_patch(args) -> dict:
 def _run_reproduce(args) -> dict:
     from .reproduce import reproduce
 
+    _writable_dir("--out", args.out)
     return reproduce(args.out, quick=args.quick, seed=args.seed, progress=not args.no_progress)
 
 
@@ -321,8 +338,11 @@ def _run_experiment_list(args) -> dict:
 
 def _run_experiment_run(args) -> dict:
     from .store import run, summarise
+    from .train import run_root
 
-    data = run(_experiment_name(args.name), device=args.device, jobs=args.jobs, root=args.root,
+    name = _experiment_name(args.name)
+    _writable_dir("--root", run_root(args.root))
+    data = run(name, device=args.device, jobs=args.jobs, root=args.root,
                progress=not args.no_progress, max_items=args.max_items)
     return {"experiment": args.name, "stored_runs": len(data["runs"]), "planned_runs": len(data["planned_runs"]),
             "not_converged": sum(not r["converged"] for r in data["runs"].values()),
@@ -387,6 +407,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("fvlib: interrupted", file=sys.stderr)
         return 130
+    except OSError as err:  # e.g. a full disk while writing a result file: one line naming it
+        print(f"fvlib: error: {err}".splitlines()[0], file=sys.stderr)
+        return 1
     try:
         _print(result, getattr(args, "json", False))
     except BrokenPipeError:  # e.g. piped into `head`

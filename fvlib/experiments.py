@@ -89,6 +89,7 @@ from .theory import (
 )
 from .theory.adaptive_opt import GreedyRule
 from .train import ORIGINAL_RECIPE, RECIPE, TrainConfig, TrainResult, run_dir_for, train
+from .workers import worker_pool
 
 __all__ = [
     "shared_configs",
@@ -201,8 +202,6 @@ def train_parallel(work: Sequence, jobs: int = 2, root=None) -> dict[str, float]
         ValueError: ``jobs`` not a positive integer, or an item that is neither a TrainConfig
             nor a non-empty list of them.
     """
-    import multiprocessing
-
     jobs = check_int("jobs", jobs, 1)
     items = [(_work_item(item), root) for item in work]
     out: dict[str, float] = {}
@@ -210,7 +209,7 @@ def train_parallel(work: Sequence, jobs: int = 2, root=None) -> dict[str, float]
         for item in items:
             out.update(_train_one_process(item))
         return out
-    with multiprocessing.get_context("spawn").Pool(min(jobs, len(items))) as pool:
+    with worker_pool(min(jobs, len(items))) as pool:  # the workers end when this process ends
         for part in pool.imap_unordered(_train_one_process, items):
             out.update(part)
     return out

@@ -61,6 +61,7 @@ from .theory import (FiniteSampleChannel, channel_tau2, evaluate_strategies, noi
                      noisefree_nodes_loss, best_fixed_nodes, run_greedy)
 from .train import (EVAL_SEED_OFFSET, RECIPE, TRANSFORMER_RECIPE, TrainConfig, _sample_eval_batches,
                     build_prior, per_context_losses, resolve_device, run_dir_for, theory_reference, train)
+from .workers import worker_pool
 
 __all__ = [
     "Run",
@@ -602,8 +603,6 @@ def run(name: str, *, device: str = "cpu", jobs: int = 1, root=None, directory=N
     (default ``$FVLIB_RUN_ROOT`` or ``./.fvlib_runs``). ``max_items``: stop after that many
     items (e.g. to spread an experiment over sessions). Returns the result dict.
     """
-    import multiprocessing
-
     experiment = get_experiment(name)
     resolve_device(device)
     if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
@@ -633,7 +632,7 @@ def run(name: str, *, device: str = "cpu", jobs: int = 1, root=None, directory=N
             for a in args:
                 add(_train_item(a))
         else:
-            with multiprocessing.get_context("spawn").Pool(min(jobs, len(args))) as pool:
+            with worker_pool(min(jobs, len(args))) as pool:  # the workers end when this process ends
                 for records in pool.imap_unordered(_train_item, args):
                     add(records)
         bar.close()

@@ -15,14 +15,14 @@ section "Models A, B, C").
 * Deterministic on CPU: the same config gives bitwise the same numbers, and a run that is
   interrupted and resumed from its checkpoint ends exactly where an uninterrupted run ends.
 
-A run directory holds (all written atomically: temporary file + ``os.replace``)::
+* A run that diverges (a non-finite loss or weights, e.g. at too large a learning rate) stops
+  with :class:`TrainingDiverged`; its directory keeps its last checkpoint, which was finite.
 
-    config.json              TrainConfig and ModelConfig
-    model.safetensors        model weights          (metadata: step)
-    train_state.safetensors  Adam moments, RNG state (metadata: step, JSON scalars)
-    history.json             evaluation history     (and the step it belongs to)
-
-Nothing is ever unpickled: tensors go through safetensors, scalars through JSON.
+A run directory holds its config, weights, training state (Adam moments, RNG state) and
+evaluation history; each checkpoint is written as one atomic step, listed in a manifest with
+every file's size and SHA-256 and verified when read, and the directory is locked while it is
+trained (:mod:`fvlib.checkpoint`). Nothing is ever unpickled: tensors go through safetensors,
+scalars through JSON.
 """
 
 from __future__ import annotations
@@ -37,10 +37,26 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from ._checks import check_int, check_number, is_int
+from .checkpoint import (
+    CONFIG_FILE,
+    HISTORY_FILE,
+    MANIFEST_FILE,
+    MODEL_FILE,
+    STATE_FILE,
+    RunDirError,
+    RunLock,
+    commit,
+    has_checkpoint,
+    read_files,
+    recover,
+    start_over,
+    tensors_from_bytes,
+    tensors_to_bytes,
+    write_atomic,
+)
 from .models import MODEL_KINDS, FVTransformer, ModelConfig, model_config
 from .transformer import StandardTransformer, TransformerConfig, transformer_config
 from .warm_start import is_router_parameter, warm_start_router
@@ -62,6 +78,7 @@ __all__ = [
     "recipe_for",
     "TrainResult",
     "RunDirError",
+    "TrainingDiverged",
     "resolve_device",
     "build_prior",
     "build_model",
@@ -79,6 +96,7 @@ __all__ = [
     "MATCHING_BASELINE",
     "theory_reference",
     "compare_with_theory",
+    "run_root",
     "run_dir_for",
 ]
 
@@ -93,14 +111,10 @@ WARM_START_SEED_OFFSET = 20_000
 #: Config fields that may change between an interrupted run and its resumption.
 RESUMABLE_FIELDS = ("device", "checkpoint_every")
 
-CONFIG_FILE = "config.json"
-MODEL_FILE = "model.safetensors"
-STATE_FILE = "train_state.safetensors"
-HISTORY_FILE = "history.json"
 
-
-class RunDirError(ValueError):
-    """A run directory is missing, incomplete, corrupt or belongs to another config."""
+class TrainingDiverged(ValueError):
+    """Training met a non-finite loss or non-finite weights (typically: the learning rate is
+    too large); the run directory keeps its last checkpoint, written before that step."""
 
 
 # ----------------------------------------------------------------------------------------
@@ -436,41 +450,13 @@ def evaluate(
 
 
 # ----------------------------------------------------------------------------------------
-# Checkpoints
+# Checkpoints (the files, the manifest and the lock: fvlib.checkpoint)
 # ----------------------------------------------------------------------------------------
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def _atomic_save_tensors(path: Path, tensors: dict, metadata: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
-    os.replace(tmp, path)
-
-
-def _read_json(path: Path) -> dict:
-    if not path.is_file():
-        raise RunDirError(f"missing file {path}")
+def _json_from_bytes(data: bytes, path: Path):
     try:
-        return json.loads(path.read_text())
+        return json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise RunDirError(f"corrupt JSON in {path}: {err}") from None
-
-
-def _read_tensors(path: Path) -> tuple[dict, dict]:
-    """Tensors and metadata of a safetensors file."""
-    if not path.is_file():
-        raise RunDirError(f"missing file {path}")
-    try:
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as f:
-            metadata = f.metadata() or {}
-        return load_file(str(path)), metadata
-    except Exception as err:  # safetensors raises several error types for corrupt files
-        raise RunDirError(f"corrupt safetensors file {path}: {err}") from None
 
 
 def _write_config(out_dir: Path, config: TrainConfig, model: FVTransformer) -> None:
@@ -480,17 +466,101 @@ def _write_config(out_dir: Path, config: TrainConfig, model: FVTransformer) -> N
         "train": config.to_dict(),
         "model": model.config.to_dict(),
     }
-    _atomic_write_text(out_dir / CONFIG_FILE, json.dumps(payload, indent=2) + "\n")
+    write_atomic(out_dir / CONFIG_FILE, (json.dumps(payload, indent=2) + "\n").encode())
 
 
-def _read_config(run_dir: Path) -> tuple[TrainConfig, ModelConfig | TransformerConfig]:
-    payload = _read_json(run_dir / CONFIG_FILE)
+def _parse_config(data: bytes, path: Path) -> tuple[TrainConfig, ModelConfig | TransformerConfig]:
+    """The train and model configs of a ``config.json``; they must describe the same model."""
+    payload = _json_from_bytes(data, path)
     try:
         config = TrainConfig.from_dict(payload["train"])
         kind = ModelConfig if config.arch == "constrained" else TransformerConfig
-        return config, kind.from_dict(payload["model"])
+        model_config = kind.from_dict(payload["model"])
     except (KeyError, TypeError, ValueError) as err:
-        raise RunDirError(f"invalid run config in {run_dir / CONFIG_FILE}: {err}") from None
+        raise RunDirError(f"invalid run config in {path}: {err}") from None
+    if model_config != config.model_config():
+        raise RunDirError(f"invalid run config in {path}: its model section {model_config} is not the "
+                          f"model of its train section, {config.model_config()}")
+    return config, model_config
+
+
+def _parse_history(data: bytes, path: Path) -> tuple[int, list[dict]]:
+    payload = _json_from_bytes(data, path)
+    if (
+        not isinstance(payload, dict)
+        or not isinstance(payload.get("history"), list)
+        or not is_int(payload.get("step"))
+    ):
+        raise RunDirError(f"invalid history in {path}")
+    return payload["step"], payload["history"]
+
+
+def _checkpoint_step(metadata: dict, path: Path) -> int:
+    try:
+        return int(metadata["step"])
+    except (KeyError, ValueError):
+        raise RunDirError(f"checkpoint {path} has no valid step in its metadata") from None
+
+
+def _parse_tensors(data: bytes, path: Path) -> tuple[dict, dict, int]:
+    """``(tensors, metadata, step)`` of a checkpoint's safetensors file; every float tensor
+    must be finite."""
+    tensors, metadata = tensors_from_bytes(data, path)
+    for name, value in tensors.items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise RunDirError(f"{path} holds non-finite values (NaN or inf) in {name!r}")
+    return tensors, metadata, _checkpoint_step(metadata, path)
+
+
+@dataclass
+class _Stored:
+    """A run directory's checkpoint as read from disk (files verified, steps in agreement)."""
+
+    config: TrainConfig
+    model_config: ModelConfig | TransformerConfig
+    step: int
+    history: list[dict]
+    weights: dict
+    state: tuple[dict, dict] | None  # (tensors, metadata) of train_state.safetensors
+
+
+def _read_stored(run_dir: Path, with_state: bool = False) -> _Stored:
+    """Read and check the checkpoint of ``run_dir``: config, weights, history (and training
+    state). Every file is checked against the manifest (:mod:`fvlib.checkpoint`); a legacy run
+    (no manifest) is checked for what it can be: its files agree on the step, its weights are
+    finite. Raises :class:`RunDirError` naming the file at fault."""
+    names = [CONFIG_FILE, MODEL_FILE, HISTORY_FILE] + ([STATE_FILE] if with_state else [])
+    files = read_files(run_dir, names)
+    config, model_config = _parse_config(files.data[CONFIG_FILE], run_dir / CONFIG_FILE)
+    weights, _, model_step = _parse_tensors(files.data[MODEL_FILE], run_dir / MODEL_FILE)
+    history_step, history = _parse_history(files.data[HISTORY_FILE], run_dir / HISTORY_FILE)
+    steps = {MODEL_FILE: model_step, HISTORY_FILE: history_step}
+    state = None
+    if with_state:
+        tensors, metadata, steps[STATE_FILE] = _parse_tensors(files.data[STATE_FILE], run_dir / STATE_FILE)
+        state = (tensors, metadata)
+    if files.step is not None:
+        steps[MANIFEST_FILE] = files.step
+    if len(set(steps.values())) > 1:
+        found = ", ".join(f"{name} step {step}" for name, step in steps.items())
+        raise RunDirError(f"{run_dir}: checkpoint files are from different steps ({found}); "
+                          f"the run cannot be resumed: delete the directory to train it again")
+    return _Stored(config, model_config, model_step, history, weights, state)
+
+
+def _load_weights(model, weights: dict, path: Path) -> None:
+    """Load ``weights`` into ``model``; a missing, extra or wrongly shaped tensor is a one-line
+    :class:`RunDirError` naming ``path``."""
+    expected = model.state_dict()
+    missing, extra = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
+    if missing or extra:
+        raise RunDirError(f"weights in {path} do not fit the model of its config.json: "
+                          f"missing {missing[:3]}, unexpected {extra[:3]}")
+    for name, value in expected.items():
+        if weights[name].shape != value.shape:
+            raise RunDirError(f"weights in {path} do not fit the model of its config.json: {name!r} has "
+                              f"shape {tuple(weights[name].shape)}, the config needs {tuple(value.shape)}")
+    model.load_state_dict(weights)
 
 
 def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> dict:
@@ -511,70 +581,52 @@ def _load_optimizer_tensors(optimizer: torch.optim.Optimizer, tensors: dict) -> 
 
 
 def _save_checkpoint(out_dir: Path, step: int, model, optimizer, generator, history, scalars) -> None:
+    """Write the checkpoint of ``step`` as one atomic step (:func:`fvlib.checkpoint.commit`)."""
     meta = {"step": str(step)}
     state_tensors = _optimizer_tensors(optimizer)
     state_tensors["generator_state"] = generator.get_state()
-    _atomic_save_tensors(out_dir / STATE_FILE, state_tensors, {**meta, "scalars": json.dumps(scalars)})
-    _atomic_save_tensors(out_dir / MODEL_FILE, model.state_dict(), meta)
-    _atomic_write_text(
-        out_dir / HISTORY_FILE, json.dumps({"step": step, "history": history}, indent=1) + "\n"
-    )
+    commit(out_dir, step, {
+        STATE_FILE: tensors_to_bytes(state_tensors, {**meta, "scalars": json.dumps(scalars)}),
+        MODEL_FILE: tensors_to_bytes(model.state_dict(), meta),
+        HISTORY_FILE: (json.dumps({"step": step, "history": history}, indent=1) + "\n").encode(),
+    })
 
 
-def _checkpoint_step(metadata: dict, path: Path) -> int:
-    try:
-        return int(metadata["step"])
-    except (KeyError, ValueError):
-        raise RunDirError(f"checkpoint {path} has no valid step in its metadata") from None
-
-
-def _load_model_weights(model: FVTransformer, path: Path) -> int:
-    tensors, metadata = _read_tensors(path)
-    try:
-        model.load_state_dict(tensors)
-    except RuntimeError as err:
-        raise RunDirError(f"weights in {path} do not fit the model config: {err}") from None
-    return _checkpoint_step(metadata, path)
-
-
-def _read_history(run_dir: Path) -> tuple[int, list[dict]]:
-    payload = _read_json(run_dir / HISTORY_FILE)
-    if (
-        not isinstance(payload, dict)
-        or not isinstance(payload.get("history"), list)
-        or not is_int(payload.get("step"))
-    ):
-        raise RunDirError(f"invalid history in {run_dir / HISTORY_FILE}")
-    return payload["step"], payload["history"]
+def _existing_run_dir(run_dir) -> Path:
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"{run_dir} is a file, not a run directory")
+    if not run_dir.is_dir():
+        raise RunDirError(f"run directory {run_dir} does not exist")
+    return run_dir
 
 
 def load_run(run_dir: str | os.PathLike) -> tuple[FVTransformer, TrainConfig, list[dict]]:
     """Load a trained run: ``(model, config, history)``; the model is on the CPU in eval mode.
 
     Raises:
-        RunDirError: (a ``ValueError``) missing directory or files, corrupt JSON or
-            safetensors, or files from different checkpoints; the message names the path.
+        RunDirError: (a ``ValueError``) missing directory or files, a file that does not match
+            the checkpoint's manifest (corrupt or edited), corrupt JSON or safetensors,
+            non-finite weights, weights that do not fit ``config.json``, or files from
+            different checkpoints; the message names the path.
     """
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise RunDirError(f"run directory {run_dir} does not exist")
-    config, model_config = _read_config(run_dir)
-    model = _model_from_config(model_config)
-    step = _load_model_weights(model, run_dir / MODEL_FILE)
-    history_step, history = _read_history(run_dir)
-    if history_step != step:
-        raise RunDirError(f"{run_dir}: weights are from step {step} but history from step {history_step}")
-    return model.eval(), config, history
+    run_dir = _existing_run_dir(run_dir)
+    stored = _read_stored(run_dir)
+    model = _model_from_config(stored.model_config)
+    _load_weights(model, stored.weights, run_dir / MODEL_FILE)
+    return model.eval(), stored.config, stored.history
 
 
 def load_history(run_dir: str | os.PathLike) -> list[dict]:
     """The evaluation history of a run (as in :attr:`TrainResult.history`) without loading its
-    weights; raises :class:`RunDirError` when the directory or its history file is missing or
-    corrupt."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise RunDirError(f"run directory {run_dir} does not exist")
-    return _read_history(run_dir)[1]
+    weights; raises :class:`RunDirError` when the directory or its history file is missing,
+    corrupt or not the one of the checkpoint's manifest."""
+    run_dir = _existing_run_dir(run_dir)
+    files = read_files(run_dir, [HISTORY_FILE])
+    step, history = _parse_history(files.data[HISTORY_FILE], run_dir / HISTORY_FILE)
+    if files.step is not None and step != files.step:
+        raise RunDirError(f"{run_dir / HISTORY_FILE} is from step {step}, the checkpoint from step {files.step}")
+    return history
 
 
 def _same_run(a: TrainConfig, b: TrainConfig) -> bool:
@@ -585,26 +637,25 @@ def _same_run(a: TrainConfig, b: TrainConfig) -> bool:
 def _try_resume(
     out_dir: Path, config: TrainConfig, model, optimizer, generator
 ) -> tuple[int, list, dict] | None:
-    """Restore the latest checkpoint in ``out_dir``; ``None`` when there is none."""
-    if not (out_dir / MODEL_FILE).is_file():
+    """Restore the checkpoint in ``out_dir``; ``None`` when there is none."""
+    if not has_checkpoint(out_dir):
         return None
-    stored, _ = _read_config(out_dir)
-    if not _same_run(stored, config):
+    stored = _read_stored(out_dir, with_state=True)
+    if not _same_run(stored.config, config):
         raise RunDirError(
-            f"{out_dir} holds a run with a different config ({stored}); use another directory or resume=False"
+            f"{out_dir} holds a run with a different config ({stored.config}); use another directory "
+            f"(or resume=False to train over it)"
         )
-    step = _load_model_weights(model, out_dir / MODEL_FILE)
-    tensors, metadata = _read_tensors(out_dir / STATE_FILE)
-    history_step, history = _read_history(out_dir)
-    if {step, history_step, _checkpoint_step(metadata, out_dir / STATE_FILE)} != {step}:
-        raise RunDirError(f"{out_dir}: checkpoint files are from different steps; use resume=False")
+    _load_weights(model, stored.weights, out_dir / MODEL_FILE)
+    tensors, metadata = stored.state
     try:
         _load_optimizer_tensors(optimizer, tensors)
         generator.set_state(tensors["generator_state"])
         scalars = json.loads(metadata["scalars"])
     except (KeyError, ValueError, RuntimeError) as err:
-        raise RunDirError(f"corrupt training state in {out_dir / STATE_FILE}: {err}") from None
-    return step, history, scalars
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise RunDirError(f"corrupt training state in {out_dir / STATE_FILE}: {reason}") from None
+    return stored.step, stored.history, scalars
 
 
 # ----------------------------------------------------------------------------------------
@@ -659,8 +710,18 @@ class _Run:
     """The mutable state of one training run (model, optimiser, RNG, history)."""
 
     def __init__(self, config: TrainConfig, out_dir: Path | None, resume: bool, eval_batches=None):
-        """``eval_batches``: the run's evaluation set if already drawn (see :func:`_eval_set_key`)."""
+        """``eval_batches``: the run's evaluation set if already drawn (see :func:`_eval_set_key`).
+        A run with ``out_dir`` holds its directory's lock until :meth:`close`."""
         self.config, self.out_dir = config, out_dir
+        self.lock = RunLock(out_dir).acquire() if out_dir is not None else None  # before any work
+        try:
+            self._start(resume, eval_batches)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, resume: bool, eval_batches) -> None:
+        config = self.config
         self.prior = build_prior(config)
         self.model = build_model(config).to(resolve_device(config.device))
         self.optimizer = torch.optim.Adam(parameter_groups(self.model, config), lr=config.lr)
@@ -675,8 +736,9 @@ class _Run:
             )
         self.eval_batches = eval_batches
         self.step, self.history = 0, []
+        self.saved_step: int | None = None  # the step of the checkpoint in out_dir
         self.scalars = {"loss_sum": 0.0, "loss_count": 0, "seconds": 0.0}
-        restored = self._open_run_dir(resume) if out_dir is not None else False
+        restored = self._open_run_dir(resume) if self.out_dir is not None else False
         if config.warm_starts and not restored:
             self._warm_start()
         self.start_time = time.perf_counter() - self.scalars["seconds"]
@@ -690,18 +752,39 @@ class _Run:
         self.scalars["seconds"] += time.perf_counter() - start
 
     def _open_run_dir(self, resume: bool) -> bool:
-        """Create or reopen the run directory; ``True`` when a checkpoint was restored."""
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        """Reopen the (locked) run directory; ``True`` when a checkpoint was restored."""
+        recover(self.out_dir)  # a checkpoint whose renames a kill cut short is completed first
         restored = (
             _try_resume(self.out_dir, self.config, self.model, self.optimizer, self.generator)
             if resume
             else None
         )
         if restored is None:
+            start_over(self.out_dir)
             _write_config(self.out_dir, self.config, self.model)
             return False
         self.step, self.history, self.scalars = restored
+        self.saved_step = self.step
         return True
+
+    def close(self) -> None:
+        """Release the run directory's lock (the run can still give its :meth:`result`)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    def diverged(self, what: str) -> None:
+        """Stop training: raise :class:`TrainingDiverged` saying what is not finite and what the
+        run directory keeps."""
+        c = self.config
+        if self.out_dir is None:
+            kept = "nothing was saved"
+        elif self.saved_step is None:
+            kept = f"{self.out_dir} holds no checkpoint yet"
+        else:
+            kept = f"{self.out_dir} keeps its checkpoint of step {self.saved_step}"
+        raise TrainingDiverged(f"model {c.model} (seed {c.seed}) diverged at step {self.step}: {what}; {kept}; "
+                               f"try a smaller learning rate than {c.lr:g}")
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start_time
@@ -711,8 +794,10 @@ class _Run:
         self.count_step(training_step(self.model, self.optimizer, *data, lr=lr_at(self.step, self.config)))
 
     def count_step(self, loss: float) -> None:
-        """Book a finished step and its training loss."""
+        """Book a finished step and its training loss (:meth:`diverged` if it is not finite)."""
         self.step += 1
+        if not math.isfinite(loss):
+            self.diverged(f"the training loss is {loss}")
         self.scalars["loss_sum"] += loss
         self.scalars["loss_count"] += 1
 
@@ -725,6 +810,8 @@ class _Run:
     def record_eval(self, result: dict | None = None) -> dict:
         """Evaluate the model (or book ``result``, its evaluation computed elsewhere)."""
         result = _evaluate_batches(self.model, self.eval_batches) if result is None else result
+        if not math.isfinite(result["excess_loss"]):
+            self.diverged(f"the evaluation loss is {result['excess_loss']}")
         count = self.scalars["loss_count"]
         entry = {
             "step": self.step,
@@ -740,7 +827,11 @@ class _Run:
         return entry
 
     def checkpoint(self) -> None:
+        """Save the run (only finite weights: :meth:`diverged` otherwise)."""
         if self.out_dir is not None:
+            bad = [name for name, p in self.model.named_parameters() if not bool(torch.isfinite(p).all())]
+            if bad:
+                self.diverged(f"the weights {bad[:3]} are not finite")
             self.scalars["seconds"] = self.elapsed()
             _save_checkpoint(
                 self.out_dir,
@@ -751,6 +842,7 @@ class _Run:
                 self.history,
                 self.scalars,
             )
+            self.saved_step = self.step
 
     def result(self) -> TrainResult:
         """The outcome where training stopped (the model is put in eval mode)."""
@@ -802,32 +894,51 @@ def train(
     Returns:
         :class:`TrainResult`; ``final_loss`` is the excess loss on the evaluation set at the
         step where training stopped.
+
+    Raises:
+        RunDirError: (a ``ValueError``) ``out_dir`` is not writable, holds another config's
+            run, or a checkpoint that is corrupt or cannot be written (:mod:`fvlib.checkpoint`);
+            the message names the file. While another process trains ``out_dir``, ``train``
+            waits for it (saying so on stderr), then resumes or reloads the run.
+        TrainingDiverged: (a ``ValueError``) a non-finite loss or weights; ``out_dir`` keeps
+            its last checkpoint.
     """
     if not isinstance(config, TrainConfig):
         raise ValueError(f"config must be a TrainConfig, got {type(config).__name__}")
     stop = config.steps if until_step is None else until_step
     check_int("until_step", stop, 1, config.steps)
     run = _Run(config, Path(out_dir) if out_dir is not None else None, resume)
+    try:
+        _train_run(run, stop, progress, callback)
+    finally:
+        run.close()
+    return run.result()
+
+
+def _train_run(run: _Run, stop: int, progress: bool, callback) -> None:
+    """The loop of :func:`train`: steps, evaluations and checkpoints up to step ``stop``."""
+    config = run.config
     if not run.history:
         run.record_eval()
     run.model.train()
     bar = tqdm(
         total=config.steps, initial=run.step, disable=not progress_shown(progress), desc=f"model {config.model}" + ("" if config.arch == "constrained" else f" ({config.arch})"), leave=False
     )
-    while run.step < stop:
-        run.train_step()
-        bar.update(1)
-        stop_now = False
-        if run.eval_due():
-            entry = run.record_eval()
-            bar.set_postfix(excess=f"{entry['eval_excess_loss']:.4f}")
-            stop_now = bool(callback(entry)) if callback is not None else False
-        if stop_now or run.checkpoint_due(stop):
-            run.checkpoint()
-        if stop_now:
-            break
-    bar.close()
-    return run.result()
+    try:
+        while run.step < stop:
+            run.train_step()
+            bar.update(1)
+            stop_now = False
+            if run.eval_due():
+                entry = run.record_eval()
+                bar.set_postfix(excess=f"{entry['eval_excess_loss']:.4f}")
+                stop_now = bool(callback(entry)) if callback is not None else False
+            if stop_now or run.checkpoint_due(stop):
+                run.checkpoint()
+            if stop_now:
+                break
+    finally:
+        bar.close()
 
 
 #: The theory baseline each model is measured against (chapter 8, *Experiments*).
@@ -878,6 +989,12 @@ def compare_with_theory(model: FVTransformer, config: TrainConfig, contexts: int
 RUN_ROOT_ENV = "FVLIB_RUN_ROOT"
 
 
+def run_root(root: str | os.PathLike | None = None) -> Path:
+    """``root``, or where :func:`run_dir_for` keeps runs by default: ``$FVLIB_RUN_ROOT`` or
+    ``./.fvlib_runs``."""
+    return Path(root if root is not None else os.environ.get(RUN_ROOT_ENV, ".fvlib_runs"))
+
+
 def run_dir_for(config: TrainConfig, root: str | os.PathLike | None = None) -> Path:
     """A directory named after everything in ``config`` that changes the result.
 
@@ -889,7 +1006,7 @@ def run_dir_for(config: TrainConfig, root: str | os.PathLike | None = None) -> P
     and so are ``router_warm_start`` and ``router_lr_scale`` when the run does not warm-start
     (:attr:`TrainConfig.warm_starts`: they change nothing then).
     """
-    root = Path(root if root is not None else os.environ.get(RUN_ROOT_ENV, ".fvlib_runs"))
+    root = run_root(root)
     fields_that_matter = {
         k: v
         for k, v in config.to_dict().items()

@@ -288,11 +288,25 @@ def test_missing_file(run_dir, name):
         load_run(run_dir)
 
 
+@pytest.fixture
+def legacy_run_dir(run_dir):
+    """A run directory as written before checkpoints had a manifest (the files are read as they are)."""
+    (run_dir / "manifest.json").unlink()
+    return run_dir
+
+
 @pytest.mark.parametrize("name", ["config.json", "history.json"])
 def test_corrupt_json(run_dir, name):
     (run_dir / name).write_text("{not json")
-    with pytest.raises(RunDirError, match=f"corrupt JSON.*{name}"):
+    with pytest.raises(RunDirError, match=f"{name} is corrupt or was edited"):
         load_run(run_dir)
+
+
+@pytest.mark.parametrize("name", ["config.json", "history.json"])
+def test_corrupt_json_of_a_legacy_run(legacy_run_dir, name):
+    (legacy_run_dir / name).write_text("{not json")
+    with pytest.raises(RunDirError, match=f"corrupt JSON.*{name}"):
+        load_run(legacy_run_dir)
 
 
 @pytest.mark.parametrize("payload", [b"", b"garbage bytes that are not safetensors", b"\xff" * 64])
@@ -316,20 +330,20 @@ def test_corrupt_training_state_blocks_resume(run_dir):
         train(config, out_dir=run_dir, progress=False)
 
 
-def test_invalid_config_contents(run_dir):
-    payload = json.loads((run_dir / "config.json").read_text())
+def test_invalid_config_contents(legacy_run_dir):
+    payload = json.loads((legacy_run_dir / "config.json").read_text())
     payload["train"]["depth"] = -2
-    (run_dir / "config.json").write_text(json.dumps(payload))
+    (legacy_run_dir / "config.json").write_text(json.dumps(payload))
     with pytest.raises(RunDirError, match="-2"):
-        load_run(run_dir)
+        load_run(legacy_run_dir)
 
 
-def test_weights_and_history_from_different_steps(run_dir):
-    payload = json.loads((run_dir / "history.json").read_text())
+def test_weights_and_history_from_different_steps(legacy_run_dir):
+    payload = json.loads((legacy_run_dir / "history.json").read_text())
     payload["step"] = 3
-    (run_dir / "history.json").write_text(json.dumps(payload))
-    with pytest.raises(RunDirError, match="step"):
-        load_run(run_dir)
+    (legacy_run_dir / "history.json").write_text(json.dumps(payload))
+    with pytest.raises(RunDirError, match="different steps.*history.json step 3"):
+        load_run(legacy_run_dir)
 
 
 def test_load_history_reads_the_history_without_the_weights(tmp_path):
@@ -352,6 +366,7 @@ def test_runs_saved_before_warmup_existed_load_without_warmup(tmp_path):
     """Their config.json has no ``warmup``: read as 0 (their schedule), not today's default."""
     old = dataclasses.replace(TINY, steps=4, **ORIGINAL_RECIPE)
     first = train(old, out_dir=tmp_path, progress=False)
+    (tmp_path / "manifest.json").unlink()  # such runs have none
     path = tmp_path / "config.json"
     payload = json.loads(path.read_text())
     del payload["train"]["warmup"]

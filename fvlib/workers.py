@@ -1,0 +1,81 @@
+"""Worker processes that end when the process that started them ends, however it ends.
+
+:func:`worker_pool` is the ``multiprocessing`` pool (``spawn`` start method) of
+:func:`fvlib.experiments.train_parallel` (``python -m fvlib warm``) and of
+:func:`fvlib.store.run` (``python -m fvlib experiment run --jobs``):
+
+* each worker asks the kernel to kill it when its parent dies (Linux: ``prctl(PR_SET_PDEATHSIG)``
+  through ``ctypes``); elsewhere a thread of the worker checks ``os.getppid()`` every
+  second. So a parent killed by ``SIGKILL`` leaves no orphan training on;
+* while the pool is open, ``SIGTERM`` to the parent (in its main thread) raises ``SystemExit``
+  there, which terminates the workers on the way out (exit status 143);
+* Ctrl-C reaches the whole process group, workers included.
+
+A worker killed in the middle of a checkpoint leaves its run at the previous checkpoint
+(:mod:`fvlib.checkpoint`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+__all__ = ["worker_pool"]
+
+#: ``prctl`` option: the signal the calling process gets when its parent thread dies (Linux).
+PR_SET_PDEATHSIG = 1
+#: How often (seconds) a worker without ``PR_SET_PDEATHSIG`` checks that its parent lives.
+POLL_SECONDS = 1.0
+
+
+def _set_parent_death_signal() -> bool:
+    """Ask the kernel to ``SIGKILL`` this process when its parent dies; ``False`` where the
+    platform has no such request (anything but Linux)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(POLL_SECONDS)
+    os._exit(1)
+
+
+def end_with_parent(parent: int) -> None:
+    """Make the calling process end when process ``parent`` (its parent) ends; the pool's
+    worker initialiser."""
+    if not _set_parent_death_signal():
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    if os.getppid() != parent:  # the parent died before we asked
+        os._exit(1)
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def worker_pool(processes: int) -> Iterator[multiprocessing.pool.Pool]:
+    """A ``spawn`` pool of ``processes`` workers that end with this process (module docs);
+    leaving the ``with`` block terminates them."""
+    context = multiprocessing.get_context("spawn")
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main else None
+    try:
+        with context.Pool(processes, initializer=end_with_parent, initargs=(os.getpid(),)) as pool:
+            yield pool  # Pool.__exit__ terminates the workers
+    finally:
+        if main and previous is not None:  # None: a handler set outside Python, left alone
+            signal.signal(signal.SIGTERM, previous)
