@@ -76,6 +76,7 @@ __all__ = [
     "train",
     "load_run",
     "load_history",
+    "checkpoint_step",
     "MATCHING_BASELINE",
     "theory_reference",
     "compare_with_theory",
@@ -577,6 +578,16 @@ def load_history(run_dir: str | os.PathLike) -> list[dict]:
     return _read_history(run_dir)[1]
 
 
+def checkpoint_step(run_dir: str | os.PathLike) -> int:
+    """The step of a run's latest checkpoint, where :func:`train` resumes (it can lie after the
+    last evaluation of :func:`load_history` when training was stopped between evaluations);
+    raises :class:`RunDirError` as :func:`load_history` does."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RunDirError(f"run directory {run_dir} does not exist")
+    return _read_history(run_dir)[0]
+
+
 def _same_run(a: TrainConfig, b: TrainConfig) -> bool:
     ignore = dict.fromkeys(RESUMABLE_FIELDS)
     return replace(a, **{k: getattr(b, k) for k in ignore}) == b
@@ -784,6 +795,7 @@ def train(
     *,
     until_step: int | None = None,
     callback: Callable[[dict], bool | None] | None = None,
+    on_step: Callable[[int, torch.nn.Module], bool | None] | None = None,
 ) -> TrainResult:
     """Train ``config.model`` on fresh contexts and evaluate it on a fixed held-out set.
 
@@ -798,6 +810,11 @@ def train(
             ``train`` again resumes. The schedule still runs to ``config.steps``.
         callback: called with each new history entry; returning ``True`` stops training
             there (with a checkpoint), e.g. once a target loss is reached.
+        on_step: called after every step (after its evaluation, if one was due) with
+            ``(step, model)``; returning ``True`` stops there, with a checkpoint, and a later
+            call resumes with the same numbers. The model is in training mode; evaluating it
+            (:func:`evaluate`) changes nothing of the run. The training explorer uses it to stop
+            within a step and to show extra evaluations early in a run.
 
     Returns:
         :class:`TrainResult`; ``final_loss`` is the excess loss on the evaluation set at the
@@ -822,6 +839,8 @@ def train(
             entry = run.record_eval()
             bar.set_postfix(excess=f"{entry['eval_excess_loss']:.4f}")
             stop_now = bool(callback(entry)) if callback is not None else False
+        if not stop_now and on_step is not None:
+            stop_now = bool(on_step(run.step, run.model))
         if stop_now or run.checkpoint_due(stop):
             run.checkpoint()
         if stop_now:
