@@ -440,11 +440,11 @@
     p.hline(s.theory, {dash: "6 4", width: 1.4}).setAttribute("data-values", String(s.theory));
     p.vline(ctx.view.step, {color: "#999", width: 1, dash: "2 3"});
     ctx.legend(p, [{color: color, label: `model ${s.model} (evaluation set, band 2 s.e.)`},
-                   {color: "currentColor", dash: true, label: `theory: ${s.theory_name}`}]);
-    if (!upto) return `Step 0 not recorded. Theory baseline ${s.theory_name} = ${ctx.fixed(s.theory, 4)}.`;
-    return `Step ${done}: excess loss ${ctx.fixed(loss[upto - 1], 4)} on ${s.eval_contexts} held-out contexts; theory ` +
-      `baseline ${s.theory_name} = ${ctx.fixed(s.theory, 4)}` +
-      (s.theory_samples ? ` (${s.theory_samples} contexts).` : " (closed form).");
+                   {color: "currentColor", dash: true, label: s.theory_label}]);
+    const baseline = `Theory baseline: ${s.theory_label} = ${ctx.fixed(s.theory, 4)}` +
+      (s.theory_samples ? ` (Monte Carlo, ${s.theory_samples} contexts).` : " (exact).");
+    if (!upto) return `${baseline} Step 0 not recorded.`;
+    return `${baseline} Step ${done}: excess loss ${ctx.fixed(loss[upto - 1], 4)} on ${s.eval_contexts} held-out contexts.`;
   };
 
   // patching: the heatmap with the cell outlined, its row, and the patch level by level

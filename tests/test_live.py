@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from fvlib import TreePrior, live, widgets
+from fvlib.plots.training import theory_label
 
 ROOT = Path(__file__).resolve().parents[1]
 HTML = ROOT / "_build" / "html"
@@ -169,7 +170,7 @@ def test_training_grid_is_the_recorded_runs(tmp_path):
     from fvlib.train import TrainConfig, run_dir_for, train
 
     base = TrainConfig(model="A", depth=3, budget=3, n_ctx=32, steps=100, batch=32, queries=4, width=16,
-                       eval_every=50, eval_contexts=64, device="cpu")
+                       eval_every=50, eval_contexts=64, device="cpu", router_warm_start=0)
     for model in ("A", "C"):
         config = TrainConfig.from_dict(base.to_dict() | {"model": model})
         train(config, out_dir=run_dir_for(config, tmp_path), progress=False)
@@ -184,6 +185,7 @@ def test_training_grid_is_the_recorded_runs(tmp_path):
         _close(state["steps"], [h["step"] for h in summary["history"]])
         _close(state["theory"], summary["theory"], data["digits"])
         assert state["theory_name"] == summary["theory_name"]
+        assert state["theory_label"] == theory_label(summary["theory_name"])  # the figure's legend text
 
 
 def test_patching_grid_matches_the_widget():
