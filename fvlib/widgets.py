@@ -210,6 +210,18 @@ def _slider(kind, value, low, high, step, description: str, readout_format: str 
     return kind(**options)
 
 
+def _keep_at_most(control: widgets.Widget, limit: widgets.Widget) -> None:
+    """Keep ``control.value <= limit.value``: moving either past the other moves ``control``
+    to the limit. Called before the :class:`Explorer` observes them, so it never draws a
+    setting that breaks the rule."""
+    def clamp(_change) -> None:
+        if control.value > limit.value:
+            control.value = limit.value
+
+    limit.observe(clamp, names="value")
+    control.observe(clamp, names="value")
+
+
 def _check_in(name: str, value, options) -> None:
     if value not in options:
         raise ValueError(f"{name} must be one of {list(options)}, got {value!r}")
@@ -861,6 +873,8 @@ def layer_split_explorer(budget: int = 6, layers: int = 2, alpha: float = 0.5) -
     _check_in("budget", budget, LAYER_SPLIT_GRID["budget"])
     _check_in("layers", layers, LAYER_SPLIT_GRID["layers"])
     _check_in("alpha", alpha, LAYER_SPLIT_GRID["alpha"])
+    if layers > budget:
+        raise ValueError(f"layers must be at most budget = {budget} (a layer measures at least once), got {layers}")
     controls = {
         "budget": widgets.SelectionSlider(options=LAYER_SPLIT_GRID["budget"], value=budget,
                                           description="budget M", continuous_update=False),
@@ -869,13 +883,14 @@ def layer_split_explorer(budget: int = 6, layers: int = 2, alpha: float = 0.5) -
         "alpha": widgets.SelectionSlider(options=LAYER_SPLIT_GRID["alpha"], value=alpha,
                                          description="alpha", continuous_update=False),
     }
+    _keep_at_most(controls["layers"], controls["budget"])
     return Explorer("Layer split explorer: one budget, more or fewer layers", controls, _draw_layer_split,
                     live=lambda: _layer_split_live(budget, layers, alpha))
 
 
 def _layer_split_live(budget: int, layers: int, alpha: float) -> LiveSpec:
     controls = (Control("budget", "budget M", LAYER_SPLIT_GRID["budget"], budget),
-                Control("layers", "layers L", LAYER_SPLIT_GRID["layers"], layers),
+                Control("layers", "layers L", LAYER_SPLIT_GRID["layers"], layers, at_most="budget"),
                 Control("alpha", "alpha", LAYER_SPLIT_GRID["alpha"], alpha))
     colors = {"tree": OKABE_ITO["vermillion"], "gaussian": OKABE_ITO["blue"], "mark": "#000000"}
     return LiveSpec("layer_split", controls, layer_split_state, shared={"colors": colors},

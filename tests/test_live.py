@@ -296,8 +296,10 @@ def test_layer_split_grid_matches_the_widget():
     (data,) = live.embedded_specs(explorer.static_html(live=True))
     from fvlib.experiments import LAYER_SPLIT_GRID
 
-    assert len(data["states"]) == (len(LAYER_SPLIT_GRID["budget"]) * len(LAYER_SPLIT_GRID["layers"])
-                                   * len(LAYER_SPLIT_GRID["alpha"]))
+    pairs = [(m, n) for m in LAYER_SPLIT_GRID["budget"] for n in LAYER_SPLIT_GRID["layers"] if n <= m]
+    assert len(data["states"]) == len(pairs) * len(LAYER_SPLIT_GRID["alpha"])  # never more layers than budget
+    assert all(int(key.split("|")[1]) <= int(key.split("|")[0]) for key in data["states"])
+    assert next(c for c in data["controls"] if c["name"] == "layers")["at_most"] == "budget"
     for key in ["6|2|0.5"] + _sample_keys(data, 5, seed=4):
         _set(explorer, _values_of(key, data))
         _close(data["states"][key], explorer.summary, data["digits"], key)

@@ -34,6 +34,8 @@ def test_strategy_curves_from_a_chapter_sweep():
     assert isinstance(fig, Figure) and len(fig.axes) == 1
     labels = fig.axes[0].get_legend_handles_labels()[1]
     assert labels == [style.STRATEGY_LABELS[n] for n in ("adaptive_greedy", "nonadaptive_coord", "lmmse")]
+    ticks = [t for t in fig.axes[0].get_xticks() if 1 <= t <= 2]
+    assert ticks == [1, 2]  # budgets are counts: no tick at 1.5
 
 
 def test_prior_sample_into_a_pyplot_figure():

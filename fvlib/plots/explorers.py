@@ -95,6 +95,7 @@ def plot_strategy_curves(sweep, tree, strategies: Sequence[str] = tuple(STRATEGY
         plot_decay(ax, sweep.budgets, sweep.mean[name], yerr=sweep.stderr[name], label=STRATEGY_LABELS[name],
                    color=STRATEGY_COLORS[name])
     ax.set_yscale("log")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # budgets are counts
     ax.set_xlabel("budget M (= layers L for the adaptive strategy)")
     ax.set_ylabel(r"excess loss $\mathbb{E}\|\hat\theta-\theta\|^2$")
     ax.set_title(f"K = {tree.depth}, alpha = {tree.alpha:.2f}, N = {sweep.n_ctx}, sigma = {sweep.noise_std:.2f} "
@@ -261,9 +262,10 @@ def plot_layer_split_state(state: Mapping, figure=None) -> Figure:
     right.plot([M], [state["tree_loss"]], "o", ms=10, mfc="none", mec="black", label=f"M = {M}")
     right.set_xlabel("budget M")
     right.legend(fontsize=8.5, frameon=False)
-    top = 1.05 * max(max(state["gaussian_by_budget"]), max(state["tree_by_budget"]))
+    top = 1.05 * max(max(state["gaussian_by_budget"]), max(state["tree_by_budget"]), max(state["tree_by_layers"]))
     for ax in (left, right):
         ax.set_ylim(-0.02 * top, top)
+        ax.set_xlim(0.5, state["budget_axis"][-1] + 0.5)  # the same axes at every setting
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers and budgets are counts
         ax.grid(alpha=0.3)
     sizes = state["layer_sizes"]
