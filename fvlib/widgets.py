@@ -130,7 +130,10 @@ class Explorer(widgets.VBox):
         self.live = live
         self._live_block: str | None = None
         self.controls = dict(controls)
-        self.image = widgets.Image(format="png", layout=widgets.Layout(max_width="100%"))
+        # the figure at its natural size (a column box would stretch it to the output's width,
+        # blurring it), shrunk with its aspect ratio kept where the output is narrower
+        self.image = widgets.Image(format="png", layout=widgets.Layout(max_width="100%", height="auto",
+                                                                       align_self="flex-start"))
         self.caption = widgets.HTML()
         self.summary: dict = {}
         self.updates = 0

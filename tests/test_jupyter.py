@@ -1,11 +1,14 @@
 """`make book` leaves a working JupyterLab: ``.venv/bin/jupyter lab --no-browser`` starts, serves
-its page, opens a chapter through the contents API and runs code in a kernel for it; and the
+its page, opens a chapter through the contents API, runs code in a kernel for it and saves
+notebooks without live-widget views (scripts/jupyter_server_config.py); and the
 README's list of explorers is the list of :mod:`fvlib.widgets`."""
 
+import importlib.util
 import json
 import os
 import re
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -22,6 +25,7 @@ from fvlib import widgets
 ROOT = Path(__file__).resolve().parent.parent
 JUPYTER = Path(sys.executable).parent / "jupyter"
 CHAPTER = "book/02_priors.ipynb"
+JUPYTER_CONFIG = ROOT / "scripts" / "jupyter_server_config.py"
 #: Starting JupyterLab takes a few seconds on an idle machine; a loaded one can take a minute.
 START_TIMEOUT = 240
 
@@ -38,12 +42,15 @@ class Server:
     def __init__(self, home: Path):
         self.port, self.token = _free_port(), secrets.token_hex(16)
         self.log = home / "jupyter.log"
+        root = home / "root"  # a copy of the chapter: what the server saves stays out of the repository
+        (root / "book").mkdir(parents=True)
+        shutil.copy(ROOT / CHAPTER, root / CHAPTER)
         env = {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_DATA_DIR": str(home / "data"),
                "JUPYTER_RUNTIME_DIR": str(home / "run"),
                "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(home / "ws")}
         command = [str(JUPYTER), "lab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}",
                    "--ServerApp.port_retries=0", f"--IdentityProvider.token={self.token}",
-                   f"--ServerApp.root_dir={ROOT}"] + (["--allow-root"] if os.geteuid() == 0 else [])
+                   f"--ServerApp.root_dir={root}"] + (["--allow-root"] if os.geteuid() == 0 else [])
         with self.log.open("w") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
 
@@ -105,9 +112,32 @@ class Server:
             self.process.wait(timeout=30)
 
 
+def _explorer_notebook() -> dict:
+    """A notebook holding an explorer's output as Jupyter stores it, with saved widget state."""
+    bundle = widgets.prior_explorer(depth=2)._repr_mimebundle_()
+    cell = {"cell_type": "code", "execution_count": 1, "id": "c1", "metadata": {}, "source": "prior_explorer()",
+            "outputs": [{"output_type": "display_data", "data": bundle, "metadata": {}}]}
+    return {"cells": [cell], "metadata": {"widgets": {"state": {}}}, "nbformat": 4, "nbformat_minor": 5}
+
+
+def test_saved_notebooks_keep_the_explorers_static_view_only():
+    """A reopened notebook has no kernel behind its widgets: saving drops their views (which
+    JupyterLab would show as "model not found") and keeps the explorer's figure and settings."""
+    spec = importlib.util.spec_from_file_location("jupyter_server_config", JUPYTER_CONFIG)
+    config = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(config)
+    notebook = _explorer_notebook()
+    assert config.WIDGET_VIEW in notebook["cells"][0]["outputs"][0]["data"]
+    config.drop_widget_views({"type": "notebook", "content": notebook})
+    data = notebook["cells"][0]["outputs"][0]["data"]
+    assert config.WIDGET_VIEW not in data and "<img" in data["text/html"] and "widgets" not in notebook["metadata"]
+
+
 @pytest.mark.slow
 def test_jupyter_lab_starts_and_opens_a_chapter(tmp_path):
     assert JUPYTER.is_file(), f"{JUPYTER} is missing: jupyterlab is pinned in requirements.txt, run make venv"
+    installed = Path(sys.prefix) / "etc" / "jupyter" / "jupyter_server_config.py"
+    assert installed.is_file() and installed.read_text() == JUPYTER_CONFIG.read_text(), "run make venv"
     server = Server(tmp_path)
     try:
         server.wait_until_up()
@@ -124,6 +154,12 @@ def test_jupyter_lab_starts_and_opens_a_chapter(tmp_path):
         output = server.execute(session["kernel"]["id"], "import fvlib; print(fvlib.__version__)")
         assert output.strip() == fvlib.__version__
         assert server.request(f"/api/sessions/{session['id']}", "DELETE")[0] == 204
+        # saving through the server: the explorer's widget view is dropped, its static view kept
+        status, _ = server.request("/api/contents/saved.ipynb", "PUT",
+                                   {"type": "notebook", "format": "json", "content": _explorer_notebook()})
+        assert status in (200, 201)
+        data = json.loads((tmp_path / "root" / "saved.ipynb").read_text())["cells"][0]["outputs"][0]["data"]
+        assert set(data) == {"text/plain", "text/html"}
     finally:
         server.stop()
 

@@ -275,3 +275,11 @@ def test_training_explorer_names_its_baseline_in_words(tmp_path):
 def _figure_of(explorer):
     """The figure the explorer shows now (drawn again from its current values)."""
     return explorer._draw(**explorer.values())[0]
+
+
+def test_figures_are_shown_at_their_natural_size():
+    """Not stretched to the output's width (the column box's default), shrunk keeping their
+    aspect ratio where the output is narrower."""
+    layout = widgets.prior_explorer(depth=3).image.layout
+    assert (layout.align_self, layout.max_width, layout.height) == ("flex-start", "100%", "auto")
+    assert layout.width is None
