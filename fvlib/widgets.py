@@ -483,6 +483,7 @@ class TrainingExplorer(Explorer):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._training = False
+        self._extra: dict[str, list[dict]] = {}  # run directory -> its points between evaluations
         self.result = None
         self.progress = notebook_tqdm(total=steps, display=False, desc="steps trained", leave=True)
         self.train_button = widgets.Button(description="Train", button_style="success", icon="play")
@@ -562,10 +563,12 @@ class TrainingExplorer(Explorer):
 
     # -- drawing -------------------------------------------------------------------------
     def _draw_current(self, model: str, prior: str, steps: int, history: list[dict] | None = None,
-                      status: str | None = None, done: int | None = None, live: list[dict] = ()):
+                      status: str | None = None, done: int | None = None):
         config = self.config()
         history = self.saved_history() if history is None else history
         done = self.steps_done() if done is None else done
+        # this explorer's points between evaluations, after the last saved one (a stopped run's)
+        live = [p for p in self._extra.get(str(self.run_dir()), []) if p["step"] <= done]
         reference = self.reference(config)
         if status is None:
             status = ("not trained yet: press Train" if not done else "finished" if done >= steps
@@ -590,7 +593,8 @@ class TrainingExplorer(Explorer):
             self._show_progress()
 
     def _show_progress(self) -> None:
-        """Between sessions: the run's steps trained out of its total."""
+        """Between sessions: the run's steps trained out of its total (no rate)."""
+        self.progress.bar_format = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt}"
         self.progress.reset(total=self.values()["steps"])
         self.progress.set_description("steps trained", refresh=False)
         self.progress.n = self.summary.get("steps_done", 0)
@@ -629,15 +633,16 @@ class TrainingExplorer(Explorer):
     def _train(self) -> None:
         config, values = self.config(), self.values()
         history, done = self.saved_history(), self.steps_done()
-        live: list[dict] = []
+        live = self._extra.setdefault(str(self.run_dir()), [])
+        live[:] = [p for p in live if 0 < p["step"] <= done]  # none of another run in this directory
         extra = live_eval_steps(done, config.eval_every, config.steps)
+        self.progress.bar_format = None
         self.progress.reset(total=config.steps - done)  # this session's steps, its own rate
         self.progress.set_description("steps to go", refresh=False)
         prior = build_prior(config)
 
         def redraw(step: int) -> None:
-            self.show(*self._draw_current(**values, history=list(history), status="training", done=step,
-                                          live=live))
+            self.show(*self._draw_current(**values, history=list(history), status="training", done=step))
 
         def on_eval(entry: dict) -> None:
             history.append(entry)

@@ -91,6 +91,7 @@ def test_patch_with_a_bad_run_directory_is_one_line(tmp_path, damage):
     assert len(lines) == 1 and "Traceback" not in out.stderr and str(run) in lines[0]
 
 
+@pytest.mark.slow  # trains six models (about 20 s)
 def test_reproduce_quick_writes_every_result_file(tmp_path):
     out = run_cli("reproduce", "--quick", "--out", str(tmp_path), "--no-progress")
     assert out.returncode == 0, out.stderr

@@ -138,6 +138,7 @@ def test_html_view_is_static_unless_live(monkeypatch):
     assert data["kind"] == "prior"
 
 
+@pytest.mark.slow  # the whole grid of the prior explorer (about 20 s)
 def test_prior_grid_matches_the_widget():
     explorer = widgets.prior_explorer(depth=4, alpha=0.5, seed=0)
     (data,) = live.embedded_specs(explorer.static_html(live=True))

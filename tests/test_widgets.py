@@ -68,6 +68,7 @@ def _small_training_explorer(tmp_path, steps=100):
     )
 
 
+@pytest.mark.slow  # trains (about 10 s each on a loaded 2-core machine)
 def test_training_explorer_trains_and_shows_the_run(tmp_path):
     torch.manual_seed(0)
     explorer = _small_training_explorer(tmp_path)
@@ -87,6 +88,7 @@ def test_training_explorer_trains_and_shows_the_run(tmp_path):
     assert explorer.summary["steps_done"] == 100
 
 
+@pytest.mark.slow  # trains (about 10 s each on a loaded 2-core machine)
 def test_training_explorer_stops_and_resumes(tmp_path):
     explorer = _small_training_explorer(tmp_path)
     explorer.start()  # background thread
@@ -159,6 +161,7 @@ def test_training_explorer_shows_an_existing_run_of_a_base_config(tmp_path):
     assert [h["step"] for h in explorer.summary["history"]] == [0, 50, 100]
 
 
+@pytest.mark.slow  # trains (about 10 s each on a loaded 2-core machine)
 def test_training_explorer_reports_a_damaged_run_instead_of_dying(tmp_path):
     explorer = _small_training_explorer(tmp_path)
     explorer.start(blocking=True)
@@ -186,6 +189,7 @@ def _recording(explorer):
     return frames
 
 
+@pytest.mark.slow  # trains (about 10 s each on a loaded 2-core machine)
 def test_training_explorer_resumes_with_the_whole_curve_and_counts_this_session(tmp_path):
     from fvlib.train import train
 
@@ -210,6 +214,7 @@ def test_training_explorer_resumes_with_the_whole_curve_and_counts_this_session(
     assert (explorer.progress.n, explorer.progress.total) == (0, 200)
 
 
+@pytest.mark.slow  # trains (about 10 s each on a loaded 2-core machine)
 def test_training_explorer_shows_a_first_point_after_one_step(tmp_path):
     """The extra evaluations come at once and thin out; they are the run's own evaluation
     set (the loss train() reports when stopped there) and change nothing of the run."""
@@ -236,6 +241,7 @@ def test_live_eval_steps_double_up_to_the_next_evaluation():
     assert sorted(widgets.live_eval_steps(0, 250, 6)) == [1, 2, 4]
 
 
+@pytest.mark.slow  # trains (about 10 s each on a loaded 2-core machine)
 def test_training_explorer_stops_after_the_step_in_progress(tmp_path):
     """Stop acts at the next step, between evaluations; the checkpoint is there and a resumed
     run is the uninterrupted one."""
@@ -254,7 +260,9 @@ def test_training_explorer_stops_after_the_step_in_progress(tmp_path):
     assert explorer.summary["steps_done"] == 2 == checkpoint_step(explorer.run_dir())
     assert [h["step"] for h in explorer.summary["history"]] == [0]  # the next evaluation is at step 25
     assert explorer.summary["status"].startswith("stopped at step 2 of 100")
+    assert [p["step"] for p in explorer.summary["live"]] == [1, 2]  # the points since step 0 stay
     assert (explorer.progress.n, explorer.progress.total) == (2, 100)
+    assert "it/s" not in str(explorer.progress)  # no rate between sessions
     explorer.show = show
     explorer.start(blocking=True)
     assert strip_times(explorer.summary["history"]) == strip_times(train(explorer.config(), progress=False).history)
