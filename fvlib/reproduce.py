@@ -1,7 +1,8 @@
 """Regenerate the book's headline results as JSON files (``python -m fvlib reproduce``).
 
 Full mode uses the book's reference configuration (chapter 6, *Tree prior*, section "The
-reference configuration": tree K = 6, alpha = 0.5, N = 128, M = 6, 3000 training steps); ``quick`` mode a small one (K = 3, M = 3, 150 steps, no router warm start) that runs in about
+reference configuration": tree K = 6, alpha = 0.5, N = 128, M = 6, 3000 training steps);
+``quick`` mode a small one (K = 3, M = 3, 150 steps, no router warm start) that runs in about
 a minute on a laptop and is what the tests exercise. Files written to ``out_dir``:
 
 * ``theory.json`` -- :func:`fvlib.theory.theory_baselines` (with optimised directions);

@@ -667,7 +667,8 @@ class TrainingExplorer(Explorer):
         finally:
             self._set_running(False)
         done = self.steps_done()
-        status = "finished" if done >= config.steps else f"stopped at step {done} of {config.steps}: press Train to resume"
+        status = ("finished" if done >= config.steps
+                  else f"stopped at step {done} of {config.steps}: press Train to resume")
         self.show(*self._draw_current(**values, history=self.result.history, status=status, done=done))
         self._show_progress()
 
