@@ -1,6 +1,7 @@
 """The command-line contract of the book's appendix *Conventions*, section "The command line"."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -178,3 +179,20 @@ def test_warm_bad_jobs_is_one_line(tmp_path):
     out = run_cli("warm", "--jobs", "0", "--root", str(tmp_path))
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and "--jobs" in out.stderr
+
+
+def test_usage_names_the_command_the_user_typed():
+    """`fvlib --help` (the console script) says fvlib, `python -m fvlib --help` says that."""
+    from pathlib import Path
+
+    from fvlib.cli import program_name
+
+    assert program_name("/venv/bin/fvlib") == "fvlib"
+    assert program_name(str(Path("fvlib") / "__main__.py")) == "python -m fvlib"
+    out = run_cli("--help")
+    assert out.returncode == 0 and out.stdout.startswith("usage: python -m fvlib ")
+    script = Path(sys.executable).parent / "fvlib"  # installed by pip install -e . (make venv)
+    if script.is_file():
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}  # this checkout's fvlib
+        out = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=900, env=env)
+        assert out.returncode == 0 and out.stdout.startswith("usage: fvlib ")
