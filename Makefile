@@ -30,18 +30,22 @@ help:
 	@echo "make clean  - remove $(BUILD) and caches; make distclean also removes $(VENV)"
 
 # ---------------------------------------------------------------------------------------
-# Virtual environment: reinstalled only when requirements.txt or pyproject.toml change.
+# Virtual environment: reinstalled only when requirements.txt, pyproject.toml or the Jupyter
+# configuration change. Its Jupyter server saves notebooks without live-widget views
+# (scripts/jupyter_server_config.py).
 # requirements.txt and fvlib are installed in one resolver run, so its pins (torch
 # included) hold for fvlib's dependencies too; nothing pulls an unpinned torch.
 venv: $(STAMP)
 
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt pyproject.toml scripts/jupyter_server_config.py
 	@if [ ! -x "$(BIN)/python" ]; then \
 	    echo "creating $(VENV) with $$($(PYTHON) --version)"; \
 	    $(PYTHON) -m venv "$(VENV)"; \
 	fi
 	$(BIN)/python -m pip install --disable-pip-version-check --progress-bar off \
 	    -r requirements.txt -e .
+	mkdir -p "$(VENV)/etc/jupyter"
+	cp scripts/jupyter_server_config.py "$(VENV)/etc/jupyter/jupyter_server_config.py"
 	@touch "$@"
 
 # ---------------------------------------------------------------------------------------
@@ -71,9 +75,11 @@ book: $(STAMP)
 # ---------------------------------------------------------------------------------------
 test: test-lib test-notebooks test-html test-experiments
 
-# fvlib's unit tests (everything in tests/ except the browser test).
+# fvlib's unit tests (everything in tests/ except the browser test); each pytest run prints its
+# ten slowest tests (--durations=10). PYTEST_FLAGS='-m "not slow"' skips the longest ones
+# (statistical checks, JupyterLab started headless) for a quick loop; make test runs them all.
 test-lib: $(STAMP)
-	@rc=0; $(BIN)/python -m pytest -m "not browser" $(PYTEST_FLAGS) tests || rc=$$?; \
+	@rc=0; $(BIN)/python -m pytest -m "not browser" --durations=10 $(PYTEST_FLAGS) tests || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: no fvlib tests were collected in tests/" >&2; fi; \
 	exit $$rc
 
@@ -84,14 +90,14 @@ test-notebooks: $(STAMP)
 	@test -n "$(NOTEBOOKS)" || { echo "error: no notebooks in book/" >&2; exit 1; }
 	$(BIN)/python -m pytest --nbval-lax --nbval-current-env \
 	    --nbval-sanitize-with nbval_sanitize.cfg \
-	    --nbval-cell-timeout $(NBVAL_CELL_TIMEOUT) -p no:cacheprovider \
+	    --nbval-cell-timeout $(NBVAL_CELL_TIMEOUT) -p no:cacheprovider --durations=10 \
 	    $(PYTEST_FLAGS) $(NOTEBOOKS)
 
 # The rendered pages in headless Chromium. Without $(HTML) the test is skipped, with a
 # reason, unless CI is set: then it fails (see tests/test_book_html.py).
 test-html: $(STAMP)
 	@test -f "$(HTML)/index.html" || echo "note: $(HTML) is missing, run 'make book' first" >&2
-	$(BIN)/python -m pytest -m browser $(PYTEST_FLAGS) tests/test_book_html.py
+	$(BIN)/python -m pytest -m browser --durations=10 $(PYTEST_FLAGS) tests/test_book_html.py
 
 # The stored experiments (results/*.json, fvlib.store): each one's cheapest run is retrained from
 # its stored config and must land within the tolerance the file states; the time it adds is

@@ -259,6 +259,7 @@
     this.data = data;
     this.live = root.querySelector(".fvlib-live");
     this.inputs = {};
+    this.outputs = {};
     const form = el("div", {class: "fvlib-live-controls"}, this.live);
     data.controls.forEach((c) => {
       const id = `fvlib-${data.kind}-${c.name}-${Math.random().toString(36).slice(2, 8)}`;
@@ -274,9 +275,10 @@
                              name: c.name, "data-control": c.name}, wrap);
         const out = el("output", {for: id}, wrap, String(c.values[c.default]));
         input.addEventListener("input", () => { out.textContent = String(c.values[Number(input.value)]); });
+        this.outputs[c.name] = out;
       }
-      input.addEventListener("input", () => this.draw());
-      input.addEventListener("change", () => this.draw());
+      input.addEventListener("input", () => { this.clamp(); this.draw(); });
+      input.addEventListener("change", () => { this.clamp(); this.draw(); });
       this.inputs[c.name] = input;
     });
     this.figure = el("div", {class: "fvlib-live-figure"}, this.live);
@@ -292,6 +294,17 @@
     if (window.ResizeObserver) new ResizeObserver(redraw).observe(this.figure);
     else window.addEventListener("resize", redraw);
   }
+
+  // a control with at_most (the layers of a budget) never exceeds the other control's value
+  Explorer.prototype.clamp = function () {
+    const all = this.values().all;
+    this.data.controls.forEach((c) => {
+      if (!c.at_most || all[c.name] <= all[c.at_most]) return;
+      const i = c.values.reduce((best, v, j) => (v <= all[c.at_most] ? j : best), 0);
+      this.inputs[c.name].value = String(i);
+      if (this.outputs[c.name]) this.outputs[c.name].textContent = String(c.values[i]);
+    });
+  };
 
   Explorer.prototype.values = function () {
     const grid = [], view = {}, all = {};
@@ -440,11 +453,11 @@
     p.hline(s.theory, {dash: "6 4", width: 1.4}).setAttribute("data-values", String(s.theory));
     p.vline(ctx.view.step, {color: "#999", width: 1, dash: "2 3"});
     ctx.legend(p, [{color: color, label: `model ${s.model} (evaluation set, band 2 s.e.)`},
-                   {color: "currentColor", dash: true, label: `theory: ${s.theory_name}`}]);
-    if (!upto) return `Step 0 not recorded. Theory baseline ${s.theory_name} = ${ctx.fixed(s.theory, 4)}.`;
-    return `Step ${done}: excess loss ${ctx.fixed(loss[upto - 1], 4)} on ${s.eval_contexts} held-out contexts; theory ` +
-      `baseline ${s.theory_name} = ${ctx.fixed(s.theory, 4)}` +
-      (s.theory_samples ? ` (${s.theory_samples} contexts).` : " (closed form).");
+                   {color: "currentColor", dash: true, label: s.theory_label}]);
+    const baseline = `Theory baseline: ${s.theory_label} = ${ctx.fixed(s.theory, 4)}` +
+      (s.theory_samples ? ` (Monte Carlo, ${s.theory_samples} contexts).` : " (exact).");
+    if (!upto) return `${baseline} Step 0 not recorded.`;
+    return `${baseline} Step ${done}: excess loss ${ctx.fixed(loss[upto - 1], 4)} on ${s.eval_contexts} held-out contexts.`;
   };
 
   // patching: the heatmap with the cell outlined, its row, and the patch level by level
@@ -558,8 +571,10 @@
     const s = ctx.state, c = ctx.shared.colors, L = s.layers, M = s.budget;
     const top = 1.05 * Math.max(...s.gaussian_by_budget, ...s.tree_by_budget, ...s.tree_by_layers);
     const y = {domain: [-0.02 * top, top], label: "excess loss (no noise)"};
+    // the same axes at every setting: 1 to the largest budget (L <= M, so each curve covers part)
+    const last = s.budget_axis[s.budget_axis.length - 1], ticks = [...Array(last).keys()].map((i) => i + 1);
     const a = ctx.panel({title: `budget M = ${M} split evenly over L layers`, height: 250,
-                         x: {domain: [0.5, s.layer_axis.length + 0.5], ticks: s.layer_axis.filter((t) => t === Math.round(t) && (s.layer_axis.length <= 12 || t % 2 === 1)), label: "layers L"}, y: y});
+                         x: {domain: [0.5, last + 0.5], ticks: ticks, label: "layers L"}, y: y});
     a.line(s.layer_axis, s.layer_axis.map(() => s.gaussian_loss), {color: c.gaussian, dash: "6 4", marker: 2.5, series: "gaussian_by_layers"});
     a.line(s.layer_axis, s.tree_by_layers, {color: c.tree, marker: 3, series: "tree_by_layers"});
     ctx.el("svg:circle", {cx: a.x(L), cy: a.y(s.tree_loss), r: 8, fill: "none", stroke: c.mark, "stroke-width": 1.5,
@@ -567,7 +582,7 @@
     ctx.legend(a, [{color: c.tree, label: "tree (adaptive)"}, {color: c.gaussian, dash: true, label: "Gaussian twin"},
                    {color: c.mark, label: `L = ${L}`}]);
     const b = ctx.panel({title: `loss against the budget at L = ${L}`, height: 250,
-                         x: {domain: [0.5, s.budget_axis.length + 0.5], ticks: s.budget_axis.filter((t) => t === Math.round(t) && (s.budget_axis.length <= 12 || t % 2 === 1)), label: "budget M"}, y: y});
+                         x: {domain: [0.5, last + 0.5], ticks: ticks, label: "budget M"}, y: y});
     b.line(s.budget_axis, s.gaussian_by_budget, {color: c.gaussian, dash: "6 4", marker: 2.5, series: "gaussian_by_budget"});
     b.line(s.budget_axis, s.tree_by_budget, {color: c.tree, marker: 3, series: "tree_by_budget"});
     ctx.el("svg:circle", {cx: b.x(M), cy: b.y(s.tree_loss), r: 8, fill: "none", stroke: c.mark, "stroke-width": 1.5}, b.svg);

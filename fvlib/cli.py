@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from ._checks import check_int, check_number
@@ -85,8 +86,15 @@ def _add_task_args(p, prior_choices):
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def program_name(argv0: str | None = None) -> str:
+    """How the user called the CLI (``sys.argv[0]`` by default): ``python -m fvlib`` for the
+    module (``.../fvlib/__main__.py``), else the script's name (``fvlib``, the console script)."""
+    name = os.path.basename(sys.argv[0] if argv0 is None else argv0)
+    return "python -m fvlib" if name in ("__main__.py", "") else name
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m fvlib", description=__doc__.splitlines()[0])
+    parser = _Parser(prog=program_name(), description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     theory = sub.add_parser("theory", help="theory baselines for one configuration")

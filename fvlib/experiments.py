@@ -772,9 +772,11 @@ def layer_split_state(budget: int = 6, layers: int = 2, alpha: float = 0.5) -> d
     variances with ``tau^2 = 0``, which does not depend on the split (adaptive choices gain
     nothing for a Gaussian prior, chapter 5). Returns plain numbers: ``budget``, ``layers``,
     ``alpha``, ``depth``, ``dim``, ``energy``, ``layer_sizes``, ``tree_loss``,
-    ``gaussian_loss``; ``layer_axis`` (``1..12``) with ``tree_by_layers`` at this budget (the
-    Gaussian loss is ``gaussian_loss`` whatever the split); ``budget_axis`` (``1..12``) with
-    ``tree_by_budget`` and ``gaussian_by_budget`` at this number of layers.
+    ``gaussian_loss``; ``layer_axis`` (``1..M``, at most 12: a layer measures at least once)
+    with ``tree_by_layers`` at this budget (the Gaussian loss is ``gaussian_loss`` whatever the
+    split); ``budget_axis`` (``L..12``) with ``tree_by_budget`` and ``gaussian_by_budget`` at
+    this number of layers. More layers than measurements leave layers empty (the explorer
+    never offers that: its layers stay at most its budget).
     """
     check_int("budget", budget, 1, 64)
     check_int("layers", layers, 1, 64)
@@ -788,8 +790,8 @@ def layer_split_state(budget: int = 6, layers: int = 2, alpha: float = 0.5) -> d
     def gauss_loss(m):
         return round(gaussian_coordinate_loss(variances, m, 0.0), 9)
 
-    layer_axis = list(LAYER_SPLIT_GRID["layers"])
-    budget_axis = list(LAYER_SPLIT_GRID["budget"])
+    layer_axis = [n for n in LAYER_SPLIT_GRID["layers"] if n <= budget]
+    budget_axis = [m for m in LAYER_SPLIT_GRID["budget"] if m >= layers]
     return {"budget": budget, "layers": layers, "alpha": float(alpha), "depth": tree.depth, "dim": tree.dim,
             "energy": float(tree.energy), "layer_sizes": split_budget(budget, layers),
             "tree_loss": tree_loss(budget, layers), "gaussian_loss": gauss_loss(budget),

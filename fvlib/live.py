@@ -96,6 +96,9 @@ class Control:
         values: the values offered, in order (numbers or strings); a slider moves over them.
         default: the value shown first (one of ``values``).
         grid: ``False`` for a view control (the states do not depend on it).
+        at_most: the name of another control this one may not exceed (the layers of a budget):
+            the page moves it down when the other falls below it, and the grid leaves out the
+            combinations where it is larger.
     """
 
     name: str
@@ -103,6 +106,7 @@ class Control:
     values: tuple
     default: object
     grid: bool = True
+    at_most: str | None = None
 
     def __post_init__(self):
         values = tuple(self.values)
@@ -115,7 +119,7 @@ class Control:
     def to_json(self) -> dict:
         return {"name": self.name, "label": self.label, "values": list(self.values),
                 "keys": [_key_part(v) for v in self.values], "default": self.values.index(self.default),
-                "grid": self.grid, "select": any(isinstance(v, str) for v in self.values)}
+                "grid": self.grid, "select": any(isinstance(v, str) for v in self.values), "at_most": self.at_most}
 
 
 @dataclass(frozen=True)
@@ -144,10 +148,14 @@ class LiveSpec:
         return tuple(c for c in self.controls if c.grid)
 
     def points(self):
-        """Every combination of the grid controls' values, as ``{name: value}`` dicts."""
+        """Every combination of the grid controls' values, as ``{name: value}`` dicts (those
+        that break a control's ``at_most`` left out)."""
         names = [c.name for c in self.grid_controls]
+        limits = [(c.name, c.at_most) for c in self.grid_controls if c.at_most is not None]
         for values in itertools.product(*(c.values for c in self.grid_controls)):
-            yield dict(zip(names, values))
+            point = dict(zip(names, values))
+            if all(point[name] <= point[limit] for name, limit in limits):
+                yield point
 
 
 def state_key(values: Mapping, controls: Sequence[Control]) -> str:

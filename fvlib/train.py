@@ -93,6 +93,7 @@ __all__ = [
     "train",
     "load_run",
     "load_history",
+    "checkpoint_step",
     "MATCHING_BASELINE",
     "theory_reference",
     "compare_with_theory",
@@ -629,6 +630,16 @@ def load_history(run_dir: str | os.PathLike) -> list[dict]:
     return history
 
 
+def checkpoint_step(run_dir: str | os.PathLike) -> int:
+    """The step of a run's latest checkpoint, where :func:`train` resumes (it can lie after the
+    last evaluation of :func:`load_history` when training was stopped between evaluations);
+    raises :class:`RunDirError` as :func:`load_history` does."""
+    run_dir = _existing_run_dir(run_dir)
+    files = read_files(run_dir, [HISTORY_FILE])
+    step, _ = _parse_history(files.data[HISTORY_FILE], run_dir / HISTORY_FILE)
+    return step if files.step is None else files.step
+
+
 def _same_run(a: TrainConfig, b: TrainConfig) -> bool:
     ignore = dict.fromkeys(RESUMABLE_FIELDS)
     return replace(a, **{k: getattr(b, k) for k in ignore}) == b
@@ -876,6 +887,7 @@ def train(
     *,
     until_step: int | None = None,
     callback: Callable[[dict], bool | None] | None = None,
+    on_step: Callable[[int, torch.nn.Module], bool | None] | None = None,
 ) -> TrainResult:
     """Train ``config.model`` on fresh contexts and evaluate it on a fixed held-out set.
 
@@ -890,6 +902,11 @@ def train(
             ``train`` again resumes. The schedule still runs to ``config.steps``.
         callback: called with each new history entry; returning ``True`` stops training
             there (with a checkpoint), e.g. once a target loss is reached.
+        on_step: called after every step (after its evaluation, if one was due) with
+            ``(step, model)``; returning ``True`` stops there, with a checkpoint, and a later
+            call resumes with the same numbers. The model is in training mode; evaluating it
+            (:func:`evaluate`) changes nothing of the run. The training explorer uses it to stop
+            within a step and to show extra evaluations early in a run.
 
     Returns:
         :class:`TrainResult`; ``final_loss`` is the excess loss on the evaluation set at the
@@ -909,13 +926,13 @@ def train(
     check_int("until_step", stop, 1, config.steps)
     run = _Run(config, Path(out_dir) if out_dir is not None else None, resume)
     try:
-        _train_run(run, stop, progress, callback)
+        _train_run(run, stop, progress, callback, on_step)
     finally:
         run.close()
     return run.result()
 
 
-def _train_run(run: _Run, stop: int, progress: bool, callback) -> None:
+def _train_run(run: _Run, stop: int, progress: bool, callback, on_step=None) -> None:
     """The loop of :func:`train`: steps, evaluations and checkpoints up to step ``stop``."""
     config = run.config
     if not run.history:
@@ -933,6 +950,8 @@ def _train_run(run: _Run, stop: int, progress: bool, callback) -> None:
                 entry = run.record_eval()
                 bar.set_postfix(excess=f"{entry['eval_excess_loss']:.4f}")
                 stop_now = bool(callback(entry)) if callback is not None else False
+            if not stop_now and on_step is not None:
+                stop_now = bool(on_step(run.step, run.model))
             if stop_now or run.checkpoint_due(stop):
                 run.checkpoint()
             if stop_now:

@@ -61,9 +61,11 @@ from .patching import PatchingResult, key_patching_sweep, patch_level_effect, pa
 from .plots.explorers import (POLICY_COLORS, STRATEGY_COLORS, plot_dp_policy_state, plot_layer_split_state,
                               plot_patching_cell, plot_prior_sample, plot_strategy_curves, plot_training_run)
 from .plots.style import MODEL_COLORS, OKABE_ITO, STRATEGY_LABELS
+from .plots.training import theory_label
 from .priors import GaussianPrior, TreePrior
 from .task import make_generator
-from .train import RunDirError, TrainConfig, load_history, run_dir_for, theory_reference, train
+from .train import (EVAL_SEED_OFFSET, RunDirError, TrainConfig, build_prior, checkpoint_step, evaluate, load_history,
+                    run_dir_for, theory_reference, train)
 
 __all__ = [
     "Explorer",
@@ -128,7 +130,10 @@ class Explorer(widgets.VBox):
         self.live = live
         self._live_block: str | None = None
         self.controls = dict(controls)
-        self.image = widgets.Image(format="png", layout=widgets.Layout(max_width="100%"))
+        # the figure at its natural size (a column box would stretch it to the output's width,
+        # blurring it), shrunk with its aspect ratio kept where the output is narrower
+        self.image = widgets.Image(format="png", layout=widgets.Layout(max_width="100%", height="auto",
+                                                                       align_self="flex-start"))
         self.caption = widgets.HTML()
         self.summary: dict = {}
         self.updates = 0
@@ -206,6 +211,18 @@ def _slider(kind, value, low, high, step, description: str, readout_format: str 
     if readout_format is not None:
         options["readout_format"] = readout_format
     return kind(**options)
+
+
+def _keep_at_most(control: widgets.Widget, limit: widgets.Widget) -> None:
+    """Keep ``control.value <= limit.value``: moving either past the other moves ``control``
+    to the limit. Called before the :class:`Explorer` observes them, so it never draws a
+    setting that breaks the rule."""
+    def clamp(_change) -> None:
+        if control.value > limit.value:
+            control.value = limit.value
+
+    limit.observe(clamp, names="value")
+    control.observe(clamp, names="value")
 
 
 def _check_in(name: str, value, options) -> None:
@@ -410,7 +427,8 @@ def training_state(config: TrainConfig, history: list[dict], reference: Mapping)
     :func:`fvlib.train.theory_reference` returns it); ``None`` when the run has no history.
 
     Returns ``{"model", "prior", "total_steps", "eval_contexts", "steps", "loss", "stderr"
-    (one entry per evaluation), "theory", "theory_stderr", "theory_name", "theory_samples"}``.
+    (one entry per evaluation), "theory", "theory_stderr", "theory_name", "theory_label" (its
+    legend text), "theory_samples" (0 for a closed form)}``.
     """
     if not history:
         return None
@@ -418,17 +436,42 @@ def training_state(config: TrainConfig, history: list[dict], reference: Mapping)
             "eval_contexts": config.eval_contexts, "steps": [h["step"] for h in history],
             "loss": [h["eval_excess_loss"] for h in history], "stderr": [h["eval_stderr"] for h in history],
             "theory": reference["value"], "theory_stderr": reference["stderr"], "theory_name": reference["name"],
-            "theory_samples": reference["samples"]}
+            "theory_label": theory_label(reference["name"]), "theory_samples": reference["samples"]}
+
+
+def describe_reference(reference: Mapping) -> str:
+    """The theory baseline in words: ``theory: adaptive greedy (Bayes) = 0.0123 (Monte Carlo,
+    4000 contexts)``, or ``(exact)`` for a closed form."""
+    how = f"Monte Carlo, {reference['samples']} contexts" if reference["samples"] else "exact"
+    return f"{theory_label(reference['name'])} = {reference['value']:.4f} ({how})"
+
+
+def live_eval_steps(start: int, eval_every: int, steps: int) -> set[int]:
+    """The steps at which the training explorer evaluates a run *between* the run's own
+    evaluations, for a session that starts at step ``start``: ``start + 1, start + 2, start + 4,
+    ...`` until the run's next own evaluation (so the first point comes after one step and the
+    points thin out as the regular ones take over). These points are shown, never saved: the
+    run's history and its schedule stay those of a run trained without the explorer."""
+    following = (start // eval_every + 1) * eval_every
+    ahead, found = 1, set()
+    while start + ahead < min(following, steps):
+        found.add(start + ahead)
+        ahead *= 2
+    return found
 
 
 class TrainingExplorer(Explorer):
     """The training explorer: an :class:`Explorer` with *Train* and *Stop* buttons.
 
     Runs are kept in ``run_dir_for(config, run_root)``; a run that exists (e.g. trained by a
-    chapter) is shown at once, *Stop* checkpoints the run and *Train* resumes it.
+    chapter) is shown at once, *Stop* checkpoints the run within a step and *Train* resumes it.
+    The figure always shows the run's whole recorded curve, and while training also the
+    evaluations of :func:`live_eval_steps` (open markers): a first point after one step.
 
     Attributes:
-        progress: the tqdm (notebook) bar of the current run.
+        progress: the tqdm (notebook) bar: between sessions the run's steps trained out of its
+            total, while training this session's steps out of the steps still to do (so its
+            rate is this session's).
         result: the last :class:`fvlib.train.TrainResult`, or ``None``.
     """
 
@@ -439,8 +482,10 @@ class TrainingExplorer(Explorer):
         self._references: dict = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._training = False
+        self._extra: dict[str, list[dict]] = {}  # run directory -> its points between evaluations
         self.result = None
-        self.progress = notebook_tqdm(total=steps, display=False, desc="steps", leave=True)
+        self.progress = notebook_tqdm(total=steps, display=False, desc="steps trained", leave=True)
         self.train_button = widgets.Button(description="Train", button_style="success", icon="play")
         self.stop_button = widgets.Button(description="Stop", button_style="warning", icon="stop", disabled=True)
         self.train_button.on_click(lambda _: self.start())
@@ -509,27 +554,51 @@ class TrainingExplorer(Explorer):
         except RunDirError:
             return []
 
+    def steps_done(self) -> int:
+        """The steps the run at the current settings has been trained (its checkpoint), else 0."""
+        try:
+            return checkpoint_step(self.run_dir())
+        except RunDirError:
+            return 0
+
     # -- drawing -------------------------------------------------------------------------
     def _draw_current(self, model: str, prior: str, steps: int, history: list[dict] | None = None,
-                      status: str | None = None):
+                      status: str | None = None, done: int | None = None):
         config = self.config()
         history = self.saved_history() if history is None else history
+        done = self.steps_done() if done is None else done
+        # this explorer's points between evaluations, after the last saved one (a stopped run's)
+        live = [p for p in self._extra.get(str(self.run_dir()), []) if p["step"] <= done]
         reference = self.reference(config)
         if status is None:
-            last = history[-1]["step"] if history else 0
-            status = "not trained yet: press Train" if not history else f"trained {last} of {steps} steps"
+            status = ("not trained yet: press Train" if not done else "finished" if done >= steps
+                      else f"trained {done} of {steps} steps: press Train to resume")
+        live = [p for p in live if not history or p["step"] > history[-1]["step"]]
         state = training_state(config, history, reference)
-        final = state["loss"][-1] if state else None
-        summary = {"config": config.to_dict(), "steps_done": state["steps"][-1] if state else 0,
-                   "final_loss": final, "theory": reference["value"], "theory_name": reference["name"],
-                   "history": history, "status": status}
-        if final is None:
-            caption = f"Theory baseline {reference['name']} = {reference['value']:.4f}. {status}."
-        else:
-            caption = (f"Step {summary['steps_done']}: excess loss {final:.4f} on {config.eval_contexts} held-out "
-                       f"contexts; theory baseline {reference['name']} = {reference['value']:.4f} "
-                       f"({reference['samples']} contexts). Runs are saved in {self.run_dir()}.")
-        return plot_training_run(config, history, reference, status), summary, caption
+        summary = {"config": config.to_dict(), "steps_done": done, "final_loss": state["loss"][-1] if state else None,
+                   "theory": reference["value"], "theory_name": reference["name"], "history": history,
+                   "live": live, "status": status}
+        caption = f"Theory baseline: {describe_reference(reference)}. "
+        if state:
+            caption += (f"Step {state['steps'][-1]}: excess loss {summary['final_loss']:.4f} on "
+                        f"{config.eval_contexts} held-out contexts. ")
+        if live:
+            caption += f"Step {live[-1]['step']} (between evaluations): {live[-1]['eval_excess_loss']:.4f}. "
+        caption += f"Status: {status}. Runs are saved in {self.run_dir()}."
+        return plot_training_run(config, history, reference, status, live=live), summary, caption
+
+    def refresh(self) -> None:
+        super().refresh()
+        if not self._training:
+            self._show_progress()
+
+    def _show_progress(self) -> None:
+        """Between sessions: the run's steps trained out of its total (no rate)."""
+        self.progress.bar_format = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt}"
+        self.progress.reset(total=self.values()["steps"])
+        self.progress.set_description("steps trained", refresh=False)
+        self.progress.n = self.summary.get("steps_done", 0)
+        self.progress.refresh()
 
     # -- training ------------------------------------------------------------------------
     def start(self, blocking: bool = False) -> None:
@@ -546,7 +615,7 @@ class TrainingExplorer(Explorer):
             self._thread.start()
 
     def stop(self) -> None:
-        """Ask the run to stop at its next evaluation (it is checkpointed; *Train* resumes it)."""
+        """Ask the run to stop after the step in progress (it is checkpointed; *Train* resumes it)."""
         self._stop.set()
 
     def wait(self, timeout: float | None = None) -> None:
@@ -555,34 +624,53 @@ class TrainingExplorer(Explorer):
             self._thread.join(timeout)
 
     def _set_running(self, running: bool) -> None:
+        self._training = running
         self.train_button.disabled = running
         self.stop_button.disabled = not running
         for control in self.controls.values():
             control.disabled = running
 
     def _train(self) -> None:
-        config = self.config()
-        self.progress.reset(total=config.steps)
-        history: list[dict] = []
+        config, values = self.config(), self.values()
+        history, done = self.saved_history(), self.steps_done()
+        live = self._extra.setdefault(str(self.run_dir()), [])
+        live[:] = [p for p in live if 0 < p["step"] <= done]  # none of another run in this directory
+        extra = live_eval_steps(done, config.eval_every, config.steps)
+        self.progress.bar_format = None
+        self.progress.reset(total=config.steps - done)  # this session's steps, its own rate
+        self.progress.set_description("steps to go", refresh=False)
+        prior = build_prior(config)
 
-        def on_eval(entry: dict) -> bool:
+        def redraw(step: int) -> None:
+            self.show(*self._draw_current(**values, history=list(history), status="training", done=step))
+
+        def on_eval(entry: dict) -> None:
             history.append(entry)
-            self.progress.n = entry["step"]
-            self.progress.set_postfix(excess=f"{entry['eval_excess_loss']:.4f}", refresh=True)
-            self.show(*self._draw_current(**self.values(), history=list(history), status="training"))
+            self.progress.set_postfix(excess=f"{entry['eval_excess_loss']:.4f}", refresh=False)
+            redraw(entry["step"])
+
+        def on_step(step: int, model) -> bool:
+            self.progress.update(1)
+            if step in extra and not self._stop.is_set():
+                result = evaluate(model, prior, config.n_ctx, config.noise_std, contexts=config.eval_contexts,
+                                  seed=config.effective_data_seed + EVAL_SEED_OFFSET)  # the run's own set
+                live.append({"step": step, "eval_excess_loss": result["excess_loss"]})
+                redraw(step)
             return self._stop.is_set()
 
         try:
-            self.result = train(config, out_dir=self.run_dir(), progress=False, callback=on_eval)
+            self.result = train(config, out_dir=self.run_dir(), progress=False, callback=on_eval, on_step=on_step)
         except (ValueError, OSError) as err:  # RunDirError is a ValueError: a damaged run directory
             self.caption.value = html.escape(f"Training failed: {err}")
             self.summary["status"] = "failed"
             return
         finally:
             self._set_running(False)
-        stopped = self.result.history[-1]["step"] < config.steps
-        status = "stopped: press Train to resume" if stopped else "finished"
-        self.show(*self._draw_current(**self.values(), history=self.result.history, status=status))
+        done = self.steps_done()
+        status = ("finished" if done >= config.steps
+                  else f"stopped at step {done} of {config.steps}: press Train to resume")
+        self.show(*self._draw_current(**values, history=self.result.history, status=status, done=done))
+        self._show_progress()
 
 
 def training_explorer(
@@ -794,6 +882,8 @@ def layer_split_explorer(budget: int = 6, layers: int = 2, alpha: float = 0.5) -
     _check_in("budget", budget, LAYER_SPLIT_GRID["budget"])
     _check_in("layers", layers, LAYER_SPLIT_GRID["layers"])
     _check_in("alpha", alpha, LAYER_SPLIT_GRID["alpha"])
+    if layers > budget:
+        raise ValueError(f"layers must be at most budget = {budget} (a layer measures at least once), got {layers}")
     controls = {
         "budget": widgets.SelectionSlider(options=LAYER_SPLIT_GRID["budget"], value=budget,
                                           description="budget M", continuous_update=False),
@@ -802,13 +892,14 @@ def layer_split_explorer(budget: int = 6, layers: int = 2, alpha: float = 0.5) -
         "alpha": widgets.SelectionSlider(options=LAYER_SPLIT_GRID["alpha"], value=alpha,
                                          description="alpha", continuous_update=False),
     }
+    _keep_at_most(controls["layers"], controls["budget"])
     return Explorer("Layer split explorer: one budget, more or fewer layers", controls, _draw_layer_split,
                     live=lambda: _layer_split_live(budget, layers, alpha))
 
 
 def _layer_split_live(budget: int, layers: int, alpha: float) -> LiveSpec:
     controls = (Control("budget", "budget M", LAYER_SPLIT_GRID["budget"], budget),
-                Control("layers", "layers L", LAYER_SPLIT_GRID["layers"], layers),
+                Control("layers", "layers L", LAYER_SPLIT_GRID["layers"], layers, at_most="budget"),
                 Control("alpha", "alpha", LAYER_SPLIT_GRID["alpha"], alpha))
     colors = {"tree": OKABE_ITO["vermillion"], "gaussian": OKABE_ITO["blue"], "mark": "#000000"}
     return LiveSpec("layer_split", controls, layer_split_state, shared={"colors": colors},

@@ -14,12 +14,11 @@ tests/test_colab.py checks the cells with the same function and simulates Colab.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 import tomllib
 from pathlib import Path
-
-import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,12 +48,22 @@ def install_spec(root: Path = ROOT) -> str:
 
 
 def install_cell_source(root: Path = ROOT) -> str:
+    """The install cell: on Colab, pip-installs :func:`install_spec` (a failed install raises
+    ``RuntimeError`` with pip's last lines and what to do) and turns on the widget manager."""
+    tag = f"v{book_version(root)}"
     return (
-        f"# On Google Colab: install fvlib at this book's version (v{book_version(root)}) and turn on the\n"
+        f"# On Google Colab: install fvlib at this book's version ({tag}) and turn on the\n"
         "# widget manager for the interactive explorers. Does nothing anywhere else.\n"
-        "import sys\n"
+        "import subprocess, sys\n"
         'if "google.colab" in sys.modules:\n'
-        f'    %pip install -q "{install_spec(root)}"\n'
+        f'    FVLIB = "{install_spec(root)}"\n'
+        '    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", FVLIB],\n'
+        "                         capture_output=True, text=True)\n"
+        "    if pip.returncode != 0:\n"
+        "        raise RuntimeError(\n"
+        '            f"pip could not install {FVLIB}:\\n{pip.stderr[-1500:]}\\n"\n'
+        f'            "Publish the repository with the tag {tag} (its README: Releasing), or "\n'
+        '            "copy the repository to this machine and run: %pip install <its folder>")\n'
         "    from google.colab import output\n"
         "    output.enable_custom_widget_manager()"
     )
@@ -83,22 +92,33 @@ def notebooks(root: Path = ROOT) -> list[Path]:
 
 
 def first_code_cell(notebook) -> dict:
-    return next(cell for cell in notebook.cells if cell.cell_type == "code")
+    return next(cell for cell in notebook["cells"] if cell["cell_type"] == "code")
+
+
+def cell_source(cell) -> str:
+    """A cell's source as one string (a notebook file may store it as a list of lines)."""
+    source = cell["source"]
+    return source if isinstance(source, str) else "".join(source)
+
+
+def read_notebook(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def sync(path: Path, source: str, write: bool) -> bool:
     """Make the first code cell of ``path`` the install cell (tagged ``remove-cell``);
-    return whether it was out of date."""
-    notebook = nbformat.read(path, as_version=4)
+    return whether it was out of date. The file is rewritten as Jupyter writes it (one-space
+    indent, keys in their order, UTF-8 as is), so only that cell changes."""
+    notebook = read_notebook(path)
     cell = first_code_cell(notebook)
-    tags = cell.metadata.setdefault("tags", [])
-    if cell.source == source and "remove-cell" in tags:
+    tags = cell.setdefault("metadata", {}).setdefault("tags", [])
+    if cell_source(cell) == source and "remove-cell" in tags:
         return False
-    cell.source = source
+    cell["source"] = source.splitlines(keepends=True)
     if "remove-cell" not in tags:
         tags.append("remove-cell")
     if write:
-        nbformat.write(notebook, path)
+        path.write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return True
 
 

@@ -67,6 +67,7 @@ def test_gap_table_rows():
         gap_table(model, TrainConfig(prior="gaussian-twin", depth=3, budget=2), contexts=10)
 
 
+@pytest.mark.slow  # Monte Carlo over the gap table (about 20 s)
 def test_gap_table_others_share_the_contexts():
     """A second model decoded on the same contexts: its rows equal the table of that model alone."""
     tree, model, _ = _model_and_batch(budget=2)

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from fvlib import TreePrior, live, widgets
+from fvlib.plots.training import theory_label
 
 ROOT = Path(__file__).resolve().parents[1]
 HTML = ROOT / "_build" / "html"
@@ -137,6 +138,7 @@ def test_html_view_is_static_unless_live(monkeypatch):
     assert data["kind"] == "prior"
 
 
+@pytest.mark.slow  # the whole grid of the prior explorer (about 20 s)
 def test_prior_grid_matches_the_widget():
     explorer = widgets.prior_explorer(depth=4, alpha=0.5, seed=0)
     (data,) = live.embedded_specs(explorer.static_html(live=True))
@@ -169,7 +171,7 @@ def test_training_grid_is_the_recorded_runs(tmp_path):
     from fvlib.train import TrainConfig, run_dir_for, train
 
     base = TrainConfig(model="A", depth=3, budget=3, n_ctx=32, steps=100, batch=32, queries=4, width=16,
-                       eval_every=50, eval_contexts=64, device="cpu")
+                       eval_every=50, eval_contexts=64, device="cpu", router_warm_start=0)
     for model in ("A", "C"):
         config = TrainConfig.from_dict(base.to_dict() | {"model": model})
         train(config, out_dir=run_dir_for(config, tmp_path), progress=False)
@@ -184,6 +186,7 @@ def test_training_grid_is_the_recorded_runs(tmp_path):
         _close(state["steps"], [h["step"] for h in summary["history"]])
         _close(state["theory"], summary["theory"], data["digits"])
         assert state["theory_name"] == summary["theory_name"]
+        assert state["theory_label"] == theory_label(summary["theory_name"])  # the figure's legend text
 
 
 def test_patching_grid_matches_the_widget():
@@ -294,8 +297,10 @@ def test_layer_split_grid_matches_the_widget():
     (data,) = live.embedded_specs(explorer.static_html(live=True))
     from fvlib.experiments import LAYER_SPLIT_GRID
 
-    assert len(data["states"]) == (len(LAYER_SPLIT_GRID["budget"]) * len(LAYER_SPLIT_GRID["layers"])
-                                   * len(LAYER_SPLIT_GRID["alpha"]))
+    pairs = [(m, n) for m in LAYER_SPLIT_GRID["budget"] for n in LAYER_SPLIT_GRID["layers"] if n <= m]
+    assert len(data["states"]) == len(pairs) * len(LAYER_SPLIT_GRID["alpha"])  # never more layers than budget
+    assert all(int(key.split("|")[1]) <= int(key.split("|")[0]) for key in data["states"])
+    assert next(c for c in data["controls"] if c["name"] == "layers")["at_most"] == "budget"
     for key in ["6|2|0.5"] + _sample_keys(data, 5, seed=4):
         _set(explorer, _values_of(key, data))
         _close(data["states"][key], explorer.summary, data["digits"], key)

@@ -40,6 +40,7 @@ def trained_a():
         eval_every=300,
         eval_contexts=500,
         device="cpu",
+        router_warm_start=0,  # the patching code is under test here, not the warm start
     )
     return train(config, progress=False).model
 

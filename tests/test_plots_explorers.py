@@ -6,6 +6,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from fvlib import GaussianPrior, TreePrior, make_generator  # noqa: E402
@@ -33,6 +34,8 @@ def test_strategy_curves_from_a_chapter_sweep():
     assert isinstance(fig, Figure) and len(fig.axes) == 1
     labels = fig.axes[0].get_legend_handles_labels()[1]
     assert labels == [style.STRATEGY_LABELS[n] for n in ("adaptive_greedy", "nonadaptive_coord", "lmmse")]
+    ticks = [t for t in fig.axes[0].get_xticks() if 1 <= t <= 2]
+    assert ticks == [1, 2]  # budgets are counts: no tick at 1.5
 
 
 def test_prior_sample_into_a_pyplot_figure():
@@ -55,3 +58,29 @@ def test_training_run_and_patching_cell():
     effect = patch_level_effect(tree, 32, 0.0, split_level=1, layer=2, n_layers=3, contexts=20)
     fig = explorers.plot_patching_cell(sweeps, effect)
     assert len(fig.axes) == 3 and "greedy theory policy" in fig.axes[0].get_title()
+
+
+def _node_ids(ax):
+    """The heap-id texts of a drawn tree and their boxes on the canvas."""
+    renderer = ax.figure.canvas.get_renderer()
+    texts = [t for t in ax.texts if t.get_text().isdigit()]
+    return texts, [t.get_window_extent(renderer) for t in texts]
+
+
+def test_prior_tree_ids_never_overlap_at_any_depth():
+    """Deep levels of a K = 6 or 7 tree have no room for every id: those are left out (smaller
+    nodes instead), the rest do not overlap; a tree up to K = 5 shows every id."""
+    gen = make_generator(0)
+    for depth in range(2, 8):
+        tree = TreePrior(depth, 0.5)
+        signs = tree.sample_signs(1, gen)[0]
+        fig = explorers.plot_prior_sample(tree, signs, tree.theta_from_signs(signs), tree.theta_from_signs(signs))
+        FigureCanvasAgg(fig).draw()  # the boxes as the PNG has them
+        texts, boxes = _node_ids(fig.axes[0])
+        if depth <= 5:
+            assert sorted(int(t.get_text()) for t in texts) == list(range(tree.dim))
+        else:
+            assert 15 <= len(texts) < tree.dim
+        for i, a in enumerate(boxes):
+            for b in boxes[i + 1:]:
+                assert not a.overlaps(b), f"K = {depth}: node ids overlap"

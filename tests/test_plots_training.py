@@ -107,7 +107,7 @@ def test_depth_sweep_trains_tiny_runs_and_plots(tmp_path, monkeypatch):
 
 # ----- several seeds (batched) -------------------------------------------------------------
 TINY_SWEEP = dict(depth=2, alpha=0.5, n_ctx=16, steps=4, batch=8, queries=4, width=8, eval_every=2,
-                  eval_contexts=16, device="cpu")
+                  eval_contexts=16, device="cpu", router_warm_start=0)
 
 
 def test_seed_configs_keep_the_data_and_the_own_seed_run():

@@ -15,6 +15,8 @@ from fvlib.train import (
     RECIPE,
     RunDirError,
     TrainConfig,
+    build_prior,
+    checkpoint_step,
     evaluate,
     load_history,
     load_run,
@@ -168,6 +170,23 @@ def test_callback_can_stop_training(tmp_path):
     assert [entry["step"] for entry in seen] == [10, 20]
     assert result.history[-1]["step"] == 20 and result.final_loss == result.history[-1]["eval_excess_loss"]
     resumed = train(TINY, out_dir=tmp_path, progress=False)  # the stop left a checkpoint
+    assert strip_times(resumed.history) == strip_times(train(TINY, progress=False).history)
+
+
+def test_on_step_stops_between_evaluations_and_resumes_exactly(tmp_path):
+    """on_step sees every step and may stop at any; an evaluation there changes nothing."""
+    seen, extra = [], []
+
+    def on_step(step, model):
+        seen.append(step)
+        if step in (3, 7):
+            extra.append(evaluate(model, build_prior(TINY), TINY.n_ctx, TINY.noise_std, contexts=50, seed=1))
+        return step == 13
+
+    stopped = train(TINY, out_dir=tmp_path, progress=False, on_step=on_step)
+    assert seen == list(range(1, 14)) and len(extra) == 2
+    assert checkpoint_step(tmp_path) == 13 and [h["step"] for h in stopped.history] == [0, 10]
+    resumed = train(TINY, out_dir=tmp_path, progress=False)
     assert strip_times(resumed.history) == strip_times(train(TINY, progress=False).history)
 
 

@@ -315,9 +315,12 @@ def test_run_dir_names():
 
 # ----- the command line -------------------------------------------------------------------
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "fvlib", *args], capture_output=True, text=True, timeout=300)
+    # the limit only catches a hang: far above the slowest call here (reproduce --quick, about
+    # 20 s on a loaded 2-core machine)
+    return subprocess.run([sys.executable, "-m", "fvlib", *args], capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.slow  # trains through the CLI (about 15 s)
 def test_cli_trains_a_transformer(tmp_path):
     out = run_cli("train", "--arch", "transformer-open", "--model", "B", "--depth", "2", "--n-ctx", "8",
                   "--budget", "2", "--steps", "3", "--batch", "8", "--width", "8", "--device", "cpu",

@@ -141,7 +141,9 @@ def test_state_patch_recomputes_what_the_targets_tokens_send():
 
 # ----- the command line -------------------------------------------------------------------
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "fvlib", *args], capture_output=True, text=True, timeout=300)
+    # the limit only catches a hang: far above the slowest call here (reproduce --quick, about
+    # 20 s on a loaded 2-core machine)
+    return subprocess.run([sys.executable, "-m", "fvlib", *args], capture_output=True, text=True, timeout=900)
 
 
 def test_cli_patch_on_a_bottlenecked_run(tmp_path):

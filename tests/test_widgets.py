@@ -60,12 +60,15 @@ def test_strategy_explorer_budget_sets_the_curve_length():
 
 
 def _small_training_explorer(tmp_path, steps=100):
+    """A tiny run: every redraw of the figure costs more than its steps, so it is evaluated
+    only every 25 steps."""
     return widgets.training_explorer(
         "A", "tree", steps, depth=3, budget=3, n_ctx=32, run_root=tmp_path, reference_samples=200,
-        batch=32, queries=4, width=16, eval_contexts=64, device="cpu",
+        batch=32, queries=4, width=16, eval_contexts=64, device="cpu", router_warm_start=0, eval_every=25,
     )
 
 
+@pytest.mark.slow  # trains (about 10 s each on a loaded 2-core machine)
 def test_training_explorer_trains_and_shows_the_run(tmp_path):
     torch.manual_seed(0)
     explorer = _small_training_explorer(tmp_path)
@@ -73,7 +76,8 @@ def test_training_explorer_trains_and_shows_the_run(tmp_path):
     before = explorer.updates
     explorer.start(blocking=True)
     assert explorer.summary["steps_done"] == 100 and explorer.summary["status"] == "finished"
-    assert explorer.updates >= before + 20  # one redraw per evaluation, plus the final one
+    # one redraw per evaluation after step 0 and per extra early point, plus the final one
+    assert explorer.updates == before + 4 + len(widgets.live_eval_steps(0, 25, 100)) + 1
     assert explorer.summary["final_loss"] < explorer.summary["history"][0]["eval_excess_loss"]
     assert explorer.progress.n == 100
     # another model: nothing trained yet, its own theory baseline
@@ -84,6 +88,7 @@ def test_training_explorer_trains_and_shows_the_run(tmp_path):
     assert explorer.summary["steps_done"] == 100
 
 
+@pytest.mark.slow  # trains (about 10 s each on a loaded 2-core machine)
 def test_training_explorer_stops_and_resumes(tmp_path):
     explorer = _small_training_explorer(tmp_path)
     explorer.start()  # background thread
@@ -156,6 +161,7 @@ def test_training_explorer_shows_an_existing_run_of_a_base_config(tmp_path):
     assert [h["step"] for h in explorer.summary["history"]] == [0, 50, 100]
 
 
+@pytest.mark.slow  # trains (about 10 s each on a loaded 2-core machine)
 def test_training_explorer_reports_a_damaged_run_instead_of_dying(tmp_path):
     explorer = _small_training_explorer(tmp_path)
     explorer.start(blocking=True)
@@ -165,3 +171,123 @@ def test_training_explorer_reports_a_damaged_run_instead_of_dying(tmp_path):
     assert explorer.summary["status"] == "failed"
     assert "Training failed" in explorer.caption.value and "model.safetensors" in explorer.caption.value
     assert not explorer.train_button.disabled  # the controls come back
+
+
+def strip_times(history):
+    return [{k: v for k, v in entry.items() if k != "seconds"} for entry in history]
+
+
+def _recording(explorer):
+    """Record (summary, progress n, progress total) at every redraw of the explorer."""
+    frames, show = [], explorer.show
+
+    def record(*args):
+        show(*args)
+        frames.append((explorer.summary, explorer.progress.n, explorer.progress.total))
+
+    explorer.show = record
+    return frames
+
+
+@pytest.mark.slow  # trains (about 10 s each on a loaded 2-core machine)
+def test_training_explorer_resumes_with_the_whole_curve_and_counts_this_session(tmp_path):
+    from fvlib.train import train
+
+    explorer = _small_training_explorer(tmp_path)
+    config = explorer.config()
+    train(config, out_dir=explorer.run_dir(), progress=False, until_step=50)  # an earlier session
+    explorer.refresh()
+    earlier = [h["step"] for h in explorer.summary["history"]]
+    assert earlier == [0, 25, 50] and explorer.summary["steps_done"] == 50
+    assert (explorer.progress.n, explorer.progress.total) == (50, 100)  # trained of total
+    frames = _recording(explorer)
+    explorer.start(blocking=True)
+    during = frames[:-1]
+    assert during and all(f[0]["status"] == "training" for f in during)
+    for summary, n, total in during:
+        assert [h["step"] for h in summary["history"]][:len(earlier)] == earlier  # the curve never shrinks
+        assert total == 50 and n <= 50  # this session's steps against the steps still to do
+    assert explorer.summary["status"] == "finished" and explorer.summary["steps_done"] == 100
+    assert (explorer.progress.n, explorer.progress.total) == (100, 100)
+    # the slider changes the run: its bar follows
+    explorer.controls["steps"].value = 200
+    assert (explorer.progress.n, explorer.progress.total) == (0, 200)
+
+
+@pytest.mark.slow  # trains (about 10 s each on a loaded 2-core machine)
+def test_training_explorer_shows_a_first_point_after_one_step(tmp_path):
+    """The extra evaluations come at once and thin out; they are the run's own evaluation
+    set (the loss train() reports when stopped there) and change nothing of the run."""
+    from fvlib.train import train
+    explorer = _small_training_explorer(tmp_path)
+    config = explorer.config()
+    assert config.eval_every == 25
+    frames = _recording(explorer)
+    explorer.start(blocking=True)
+    first = frames[0][0]
+    assert first["live"] and first["live"][0]["step"] == 1 and first["status"] == "training"
+    shown = [p["step"] for f in frames for p in f[0]["live"]]
+    assert sorted(set(shown)) == [1, 2, 4, 8, 16] == sorted(widgets.live_eval_steps(0, 25, 100))
+    point = next(p for f in frames for p in f[0]["live"] if p["step"] == 4)
+    assert point["eval_excess_loss"] == pytest.approx(train(config, progress=False, until_step=4).final_loss,
+                                                      rel=1e-9)
+    assert strip_times(explorer.summary["history"]) == strip_times(train(config, progress=False).history)
+
+
+def test_live_eval_steps_double_up_to_the_next_evaluation():
+    assert sorted(widgets.live_eval_steps(0, 250, 1500)) == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert sorted(widgets.live_eval_steps(437, 250, 1500)) == [438, 439, 441, 445, 453, 469]
+    assert widgets.live_eval_steps(1499, 250, 1500) == set()
+    assert sorted(widgets.live_eval_steps(0, 250, 6)) == [1, 2, 4]
+
+
+@pytest.mark.slow  # trains (about 10 s each on a loaded 2-core machine)
+def test_training_explorer_stops_after_the_step_in_progress(tmp_path):
+    """Stop acts at the next step, between evaluations; the checkpoint is there and a resumed
+    run is the uninterrupted one."""
+    from fvlib.train import checkpoint_step, train
+
+    explorer = _small_training_explorer(tmp_path)
+    show = explorer.show
+
+    def stop_at_step_2(*args):
+        show(*args)
+        if any(p["step"] == 2 for p in explorer.summary.get("live", [])):
+            explorer.stop()
+
+    explorer.show = stop_at_step_2
+    explorer.start(blocking=True)
+    assert explorer.summary["steps_done"] == 2 == checkpoint_step(explorer.run_dir())
+    assert [h["step"] for h in explorer.summary["history"]] == [0]  # the next evaluation is at step 25
+    assert explorer.summary["status"].startswith("stopped at step 2 of 100")
+    assert [p["step"] for p in explorer.summary["live"]] == [1, 2]  # the points since step 0 stay
+    assert (explorer.progress.n, explorer.progress.total) == (2, 100)
+    assert "it/s" not in str(explorer.progress)  # no rate between sessions
+    explorer.show = show
+    explorer.start(blocking=True)
+    assert strip_times(explorer.summary["history"]) == strip_times(train(explorer.config(), progress=False).history)
+
+
+def test_training_explorer_names_its_baseline_in_words(tmp_path):
+    explorer = _small_training_explorer(tmp_path)
+    legend = [t.get_text() for t in _figure_of(explorer).axes[0].get_legend().get_texts()]
+    assert "theory: adaptive greedy (Bayes)" in legend
+    assert "adaptive_greedy" not in explorer.caption.value
+    assert "Monte Carlo, 200 contexts" in explorer.caption.value
+    explorer.controls["prior"].value = "gaussian-twin"
+    legend = [t.get_text() for t in _figure_of(explorer).axes[0].get_legend().get_texts()]
+    assert legend == ["Gaussian closed form"]
+    assert "(exact)" in explorer.caption.value and "contexts)" not in explorer.caption.value
+
+
+def _figure_of(explorer):
+    """The figure the explorer shows now (drawn again from its current values)."""
+    return explorer._draw(**explorer.values())[0]
+
+
+def test_figures_are_shown_at_their_natural_size():
+    """Not stretched to the output's width (the column box's default), shrunk keeping their
+    aspect ratio where the output is narrower."""
+    layout = widgets.prior_explorer(depth=3).image.layout
+    assert (layout.align_self, layout.max_width, layout.height) == ("flex-start", "100%", "auto")
+    assert layout.width is None

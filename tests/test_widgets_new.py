@@ -98,7 +98,7 @@ def test_layer_split_state_gaussian_depends_only_on_the_budget():
     tree = TreePrior(5, 0.5)
     variances = GaussianPrior.twin_of(tree).variances
     for m in (1, 4, 6, 12):
-        states = [_json_roundtrip(layer_split_state(m, n, 0.5)) for n in (1, 2, 3, 12)]
+        states = [_json_roundtrip(layer_split_state(m, n, 0.5)) for n in (1, 2, 3, 12) if n <= m]
         g = {s["gaussian_loss"] for s in states}
         assert len(g) == 1
         assert g.pop() == pytest.approx(gaussian_coordinate_loss(variances, m, 0.0), abs=1e-9)
@@ -114,8 +114,10 @@ def test_layer_split_state_tree_loss_falls_with_layers():
     assert curve[0] == pytest.approx(0.25) and curve[1] == pytest.approx(0.0625)  # alpha^2 vs alpha^4
     assert all(b <= a + 1e-12 for a, b in zip(curve, curve[1:]))  # never rises with L at M = 6
     assert curve[5] == pytest.approx(0.0)  # six levels' worth of budget, one per layer: K = 5 resolved
-    assert s["tree_loss"] == curve[1] == s["tree_by_budget"][5]
-    assert s["gaussian_by_budget"][5] == s["gaussian_loss"]
+    assert s["tree_loss"] == curve[1] == s["tree_by_budget"][s["budget_axis"].index(6)]
+    assert s["gaussian_by_budget"][s["budget_axis"].index(6)] == s["gaussian_loss"]
+    # a layer measures at least once: the axes stop at L = M and start at M = L
+    assert s["layer_axis"] == [1, 2, 3, 4, 5, 6] and s["budget_axis"] == list(range(2, 13))
 
 
 def test_layer_split_grid_states_are_cheap_and_plain():
@@ -125,7 +127,8 @@ def test_layer_split_grid_states_are_cheap_and_plain():
     for m in LAYER_SPLIT_GRID["budget"][::3]:
         for n in LAYER_SPLIT_GRID["layers"][::3]:
             for a in LAYER_SPLIT_GRID["alpha"]:
-                _json_roundtrip(layer_split_state(m, n, a))
+                if n <= m:
+                    _json_roundtrip(layer_split_state(m, n, a))
     assert time.perf_counter() - start < 30  # generous: about 1 ms per state
     with pytest.raises(ValueError, match="alpha"):
         layer_split_state(3, 2, 0.0)
@@ -187,11 +190,23 @@ def test_dp_policy_explorer_redraws_with_tau():
 def test_layer_split_explorer_redraws_with_each_control():
     e = widgets.layer_split_explorer()
     assert e.summary == layer_split_state(6, 2, 0.5)
-    for name, value in (("layers", 6), ("budget", 3), ("alpha", 0.9)):
+    for name, value in (("layers", 6), ("budget", 8), ("alpha", 0.9)):
         before, png = e.updates, e.image.value
         e.controls[name].value = value
         assert e.updates == before + 1 and e.image.value != png, name
-    assert e.summary == layer_split_state(3, 6, 0.9)
+    assert e.summary == layer_split_state(8, 6, 0.9)
     assert "L = 6" in e.caption.value
+    # never more layers than measurements: the layers follow a budget that falls below them,
+    # and cannot be moved past it
+    drawn = []
+    show = e.show
+    e.show = lambda *args: (drawn.append((e.controls["budget"].value, e.controls["layers"].value)), show(*args))
+    e.controls["budget"].value = 3
+    assert e.controls["layers"].value == 3 and e.summary["layer_sizes"] == [1, 1, 1]
+    e.controls["layers"].value = 5
+    assert e.controls["layers"].value == 3 and e.summary == layer_split_state(3, 3, 0.9)
+    assert drawn and all(layers <= budget for budget, layers in drawn)
+    with pytest.raises(ValueError, match="layers"):
+        widgets.layer_split_explorer(budget=2, layers=3)
     with pytest.raises(ValueError, match="layers"):
         widgets.layer_split_explorer(layers=13)

@@ -37,6 +37,7 @@ from ..priors import TreePrior
 from .decay import plot_decay
 from .interventions import plot_patching_heatmap
 from .style import MODEL_COLORS, OKABE_ITO, STRATEGY_LABELS
+from .training import theory_label
 from .trees import draw_policy_tree, draw_tree_prior
 
 __all__ = [
@@ -94,6 +95,7 @@ def plot_strategy_curves(sweep, tree, strategies: Sequence[str] = tuple(STRATEGY
         plot_decay(ax, sweep.budgets, sweep.mean[name], yerr=sweep.stderr[name], label=STRATEGY_LABELS[name],
                    color=STRATEGY_COLORS[name])
     ax.set_yscale("log")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # budgets are counts
     ax.set_xlabel("budget M (= layers L for the adaptive strategy)")
     ax.set_ylabel(r"excess loss $\mathbb{E}\|\hat\theta-\theta\|^2$")
     ax.set_title(f"K = {tree.depth}, alpha = {tree.alpha:.2f}, N = {sweep.n_ctx}, sigma = {sweep.noise_std:.2f} "
@@ -103,15 +105,19 @@ def plot_strategy_curves(sweep, tree, strategies: Sequence[str] = tuple(STRATEGY
     return figure
 
 
-def plot_training_run(config, history: Sequence[Mapping], reference: Mapping, status: str, figure=None) -> Figure:
+def plot_training_run(config, history: Sequence[Mapping], reference: Mapping, status: str, figure=None,
+                      live: Sequence[Mapping] = ()) -> Figure:
     """Evaluation excess loss of a run against training step (log ``y``, band 2 s.e.) with its
     theory baseline as a dashed line.
 
     Args:
         config: the run's :class:`fvlib.train.TrainConfig` (model, prior, depth, budget, steps).
         history: ``TrainResult.history`` so far (may be empty).
-        reference: :func:`fvlib.train.theory_reference` of the config (``name``, ``value``).
+        reference: :func:`fvlib.train.theory_reference` of the config (``name``, ``value``;
+            the legend names it as :func:`fvlib.plots.training.theory_label` does).
         status: a few words for the title (e.g. ``"training"``).
+        live: evaluations on the same held-out set between the run's own (``step``,
+            ``eval_excess_loss``), drawn as open markers: the training explorer's early points.
     Returns the figure.
     """
     figure = _figure(figure, (7.0, 3.8))
@@ -122,8 +128,11 @@ def plot_training_run(config, history: Sequence[Mapping], reference: Mapping, st
         loss = np.array([h["eval_excess_loss"] for h in history])
         err = 2 * np.array([h["eval_stderr"] for h in history])
         ax.fill_between(steps, np.maximum(loss - err, 1e-6), loss + err, color=color, alpha=0.2, lw=0)
-        ax.plot(steps, loss, "o-", ms=3, color=color, label=f"model {config.model} (evaluation set)")
-    ax.axhline(reference["value"], ls="--", color="k", lw=1, label=f"theory: {reference['name']}")
+        ax.plot(steps, loss, "o-", ms=3, color=color, label=f"model {config.model} (evaluation set, band 2 s.e.)")
+    if live:
+        ax.plot([p["step"] for p in live], [p["eval_excess_loss"] for p in live], "o:", ms=4, mfc="white",
+                color=color, label="between evaluations (shown, not saved)")
+    ax.axhline(reference["value"], ls="--", color="k", lw=1, label=theory_label(reference["name"]))
     ax.set_xlim(0, config.steps)
     ax.set_yscale("log")
     ax.set_xlabel("training step")
@@ -253,9 +262,10 @@ def plot_layer_split_state(state: Mapping, figure=None) -> Figure:
     right.plot([M], [state["tree_loss"]], "o", ms=10, mfc="none", mec="black", label=f"M = {M}")
     right.set_xlabel("budget M")
     right.legend(fontsize=8.5, frameon=False)
-    top = 1.05 * max(max(state["gaussian_by_budget"]), max(state["tree_by_budget"]))
+    top = 1.05 * max(max(state["gaussian_by_budget"]), max(state["tree_by_budget"]), max(state["tree_by_layers"]))
     for ax in (left, right):
         ax.set_ylim(-0.02 * top, top)
+        ax.set_xlim(0.5, state["budget_axis"][-1] + 0.5)  # the same axes at every setting
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers and budgets are counts
         ax.grid(alpha=0.3)
     sizes = state["layer_sizes"]

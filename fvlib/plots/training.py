@@ -32,6 +32,7 @@ from .style import MODEL_COLORS, OKABE_ITO, STRATEGY_LABELS, VARIANT_STYLES, pal
 
 __all__ = [
     "THEORY_STYLES",
+    "theory_label",
     "plot_covariance_heatmaps",
     "plot_training_curves",
     "plot_grouped_bars",
@@ -52,6 +53,12 @@ THEORY_STYLES = {
     "adaptive_opt": dict(color=OKABE_ITO["black"], ls="-.", label=f"theory: {STRATEGY_LABELS['adaptive_opt']}"),
     "gaussian_closed_form": dict(color="0.3", ls="--", label="Gaussian closed form"),
 }
+
+
+def theory_label(name: str) -> str:
+    """The legend text of the theory baseline ``name`` (:data:`THEORY_STYLES`; an unknown name
+    as it is)."""
+    return THEORY_STYLES[name]["label"] if name in THEORY_STYLES else name
 
 
 def plot_covariance_heatmaps(covs, titles: Sequence[str], axes=None, vmax: float | None = None, cmap="RdBu_r"):

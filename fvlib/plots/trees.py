@@ -76,12 +76,18 @@ def draw_tree_prior(tree, signs=None, ax=None, *, annotate: dict | None = None, 
 
     Returns:
         The axes. Node ``n`` is drawn at ``tree_node_positions(K)[n]``; internal nodes carry
-        their heap id as text, leaves are small dots.
+        their heap id as text where it fits between its neighbours (the deep levels of a large
+        tree in a small axes have smaller nodes and no ids), leaves are small dots.
     """
     K = tree.depth
     ax = _new_axes(ax, (1.6 + 1.4 * K, 0.9 + 0.9 * K))
     pos = tree_node_positions(K)
     size = node_size if node_size is not None else max(120.0, 560.0 / 2 ** max(K - 3, 0))
+    fontsize = 8 if K > 4 else 9
+    # room between neighbours of level k, in points (x runs over 1.33 units of the axes): a
+    # crowded level gets smaller nodes and no heap ids, instead of an unreadable band
+    room = [ax.get_position().width * ax.figure.get_figwidth() * 72 / 1.33 / 2**k for k in range(K + 1)]
+    level_size = [min(size, (0.85 * r) ** 2) for r in room]
     path, theta, path_edges, leaf_on = [], None, set(), None
     if signs is not None:
         signs_t = torch.as_tensor(signs).long()
@@ -97,17 +103,20 @@ def draw_tree_prior(tree, signs=None, ax=None, *, annotate: dict | None = None, 
             ax.plot([x0, x1], [y0, y1], color=color if on else "0.75", lw=2.5 if on else 1.0, zorder=1)
     for n in range(tree.dim):
         x, y = pos[n]
-        on = n in path
-        ax.scatter([x], [y], s=size, color=color if on else "white", edgecolor="0.3", zorder=2)
-        ax.text(x, y, str(n), ha="center", va="center", fontsize=8 if K > 4 else 9, zorder=3,
-                color="white" if on else "black")
+        on, level = n in path, int(-y)
+        ax.scatter([x], [y], s=level_size[level], color=color if on else "white", edgecolor="0.3", zorder=2)
+        # the id, in the largest of two sizes that fits beside its neighbours' (else none)
+        fits = [f for f in (fontsize, 6) if 0.6 * f * len(str(n)) + 2 <= 0.95 * room[level]]
+        if fits:
+            ax.text(x, y, str(n), ha="center", va="center", fontsize=fits[0], zorder=3,
+                    color="white" if on else "black")
         if on and show_values:
             # away from the incoming edge: upper left for a left child, upper right otherwise
             left = n > 0 and n % 2 == 1
             ax.text(x - 0.035 if left else x + 0.035, y + 0.27, f"$\\theta_{{{n}}}={float(theta[n]):+.2f}$",
                     fontsize=9, color=color, ha="right" if left else "left")
     leaves = range(tree.dim, 2 * tree.dim + 1)
-    ax.scatter([pos[n][0] for n in leaves], [pos[n][1] for n in leaves], s=18,
+    ax.scatter([pos[n][0] for n in leaves], [pos[n][1] for n in leaves], s=min(18.0, level_size[K]),
                color=[color if n == leaf_on else "0.45" for n in leaves], zorder=2)
     for n, text in (annotate or {}).items():
         x, y = pos[int(n)]
