@@ -72,10 +72,12 @@ from .stats import mean_and_stderr, squared_error
 from .task import make_generator, sample_task
 from .theory import (
     FiniteSampleChannel,
+    best_fixed_method,
     best_fixed_nodes,
     channel_tau2,
     dp_policy_tree,
     evaluate_strategies,
+    fixed_set_lower_bound,
     gaussian_coordinate_loss,
     leaf_values_at,
     optimise_adaptive_policy,
@@ -478,12 +480,15 @@ def best_coord_curves(tree: TreePrior, budgets) -> dict[str, np.ndarray]:
     """Noise-free losses of fixed coordinate sets at each budget ``M`` in ``budgets``.
 
     Returns ``(len(budgets),)`` arrays: ``"best"``, the loss of
-    :func:`fvlib.theory.closed_forms.best_fixed_nodes` (exact search for small ``comb(D, M)``, a local
-    search otherwise); ``"heap"``, the first ``M`` nodes in heap order; ``"lower"``, the bound
-    ``sum_k alpha^k max(0, 1 - M / 2^k)`` below which no fixed set of ``M`` coordinates can go;
-    ``"upper"``, the loss ``sum_{k >= L} alpha^k`` of reading all ``2^(L-1)`` nodes of level
-    ``L - 1`` for the largest ``L`` with ``2^(L-1) <= M`` (the remaining reads are not
-    counted), an upper bound on the best set. Also ``"nodes"``: a list of the best sets.
+    :func:`fvlib.theory.closed_forms.best_fixed_nodes` (exact: a dynamic program for depth
+    ``K <= 6``, every subset for small ``comb(D, M)``; a local search otherwise);
+    ``"exact"``, whether that value is the exact optimum (boolean); ``"heap"``, the first
+    ``M`` nodes in heap order; ``"lower"``, the bound
+    :func:`~fvlib.theory.closed_forms.fixed_set_lower_bound` below which no fixed set of ``M``
+    coordinates can go; ``"upper"``, the loss ``sum_{k >= L} alpha^k`` of reading all
+    ``2^(L-1)`` nodes of level ``L - 1`` for the largest ``L`` with ``2^(L-1) <= M`` (the
+    remaining reads are not counted), an upper bound on the best set. Also ``"nodes"``: a
+    list of the best sets.
     """
     budgets = [int(m) for m in budgets]
     a, K = tree.alpha, tree.depth
@@ -491,8 +496,9 @@ def best_coord_curves(tree: TreePrior, budgets) -> dict[str, np.ndarray]:
     levels = [min(m.bit_length(), K) for m in budgets]  # L with 2^(L-1) <= M < 2^L
     return {
         "best": np.array([noisefree_nodes_loss(tree, n) for n in nodes]),
+        "exact": np.array([best_fixed_method(tree, m) != "local" for m in budgets]),
         "heap": np.array([noisefree_nonadaptive_loss(tree, m) for m in budgets]),
-        "lower": np.array([sum(a**k * max(0.0, 1 - m / 2**k) for k in range(K)) for m in budgets]),
+        "lower": np.array([fixed_set_lower_bound(tree, m) for m in budgets]),
         "upper": np.array([sum(a**k for k in range(L, K)) for L in levels]),
         "nodes": nodes,
     }

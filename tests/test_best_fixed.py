@@ -15,10 +15,13 @@ from fvlib import TreePrior  # noqa: E402
 from fvlib.experiments import advantage_sweep, best_coord_curves  # noqa: E402
 from fvlib.plots.decay import plot_advantage_heatmap  # noqa: E402
 from fvlib.theory import (  # noqa: E402
+    DP_MAX_DEPTH,
     STRATEGIES,
+    best_fixed_method,
     best_fixed_nodes,
     evaluate_strategies,
     fit_decay,
+    fixed_set_lower_bound,
     noisefree_nodes_loss,
     noisefree_nonadaptive_loss,
     theory_baselines,
@@ -43,6 +46,12 @@ def brute_force(tree, nodes):
 
 def lower_bound(tree, budget):
     return sum(tree.alpha**k * max(0.0, 1 - budget / 2**k) for k in range(tree.depth))
+
+
+def brute_force_best(tree, budget):
+    """The smallest noise-free loss over every set of ``budget`` nodes (scored by the
+    subtree recursion, itself checked against enumeration above)."""
+    return min(noisefree_nodes_loss(tree, s) for s in itertools.combinations(range(tree.dim), budget))
 
 
 @pytest.mark.parametrize("depth,alpha", [(1, 0.5), (3, 0.5), (4, 0.7), (5, 0.3), (6, 0.5)])
@@ -76,12 +85,64 @@ def test_issue_brute_force_numbers_at_alpha_one_half():
         nodes = best_fixed_nodes(t4, m)  # exact search: comb(15, m) <= 6435
         assert noisefree_nodes_loss(t4, nodes) == pytest.approx(best[m - 1], abs=1e-12)
         assert noisefree_nodes_loss(t4, nodes) == pytest.approx(brute_force(t4, nodes), abs=1e-12)
-    # K = 6, M = 6: comb(63, 6) is far above the exact limit, so this is the local search
+    # K = 6: the dynamic program is exact at every budget (comb(63, 6) sets are too many to try)
     t6 = TreePrior(6, 0.5)
-    nodes = best_fixed_nodes(t6, 6)
     assert noisefree_nonadaptive_loss(t6, 6) == pytest.approx(0.28125)
-    assert noisefree_nodes_loss(t6, nodes) <= 0.140625 + 1e-12
-    assert noisefree_nodes_loss(t6, nodes) >= lower_bound(t6, 6)
+    exact = [0.71875, 0.40625, 0.28125, 0.203125, 0.171875, 0.140625]
+    for m, loss in enumerate(exact, start=1):
+        nodes = best_fixed_nodes(t6, m)
+        assert noisefree_nodes_loss(t6, nodes) == pytest.approx(loss, abs=1e-12)
+        assert noisefree_nodes_loss(t6, nodes) >= lower_bound(t6, m)
+    assert best_fixed_nodes(t6, 5).tolist() == [1, 5, 7, 9, 13]
+    assert best_fixed_nodes(t6, 6).tolist() == [1, 7, 9, 11, 12, 13]
+
+
+@pytest.mark.parametrize("depth,alpha", [(1, 0.5), (2, 0.9), (3, 0.5), (3, 1.0), (4, 0.5), (4, 0.3), (4, 0.77)])
+def test_dynamic_program_is_exact_at_every_budget_on_small_trees(depth, alpha):
+    tree = TreePrior(depth, alpha)
+    for m in range(1, tree.dim + 1):  # K = 4: all 32,767 non-empty sets
+        nodes = best_fixed_nodes(tree, m, method="dp")
+        assert nodes.shape == (m,) and nodes.unique().numel() == m
+        assert noisefree_nodes_loss(tree, nodes) == pytest.approx(brute_force_best(tree, m), abs=1e-12)
+
+
+@pytest.mark.parametrize("depth,alpha,budgets", [(5, 0.5, (1, 2, 3, 4, 27, 28, 29, 30)),
+                                                  (5, 0.6, (3, 4)), (6, 0.5, (1, 2, 3)),
+                                                  (6, 0.35, (2, 3))])
+def test_dynamic_program_matches_exhaustive_search(depth, alpha, budgets):
+    tree = TreePrior(depth, alpha)
+    for m in budgets:
+        dp = best_fixed_nodes(tree, m, method="dp")
+        full = best_fixed_nodes(tree, m, method="exhaustive")
+        assert noisefree_nodes_loss(tree, dp) == pytest.approx(noisefree_nodes_loss(tree, full), abs=1e-12)
+
+
+def test_dynamic_program_beats_or_ties_the_local_search():
+    tree = TreePrior(6, 0.5)
+    for m in (5, 6, 9, 17, 40):
+        dp = noisefree_nodes_loss(tree, best_fixed_nodes(tree, m))
+        local = noisefree_nodes_loss(tree, best_fixed_nodes(tree, m, method="local"))
+        assert dp <= local + 1e-12 and dp >= lower_bound(tree, m) - 1e-12
+
+
+def test_which_search_is_used():
+    assert DP_MAX_DEPTH >= 6
+    assert best_fixed_method(TreePrior(6, 0.5), 6) == "dp"
+    deep = TreePrior(DP_MAX_DEPTH + 1, 0.5)
+    assert best_fixed_method(deep, 1) == "exhaustive"
+    assert best_fixed_method(deep, 6) == "local"
+    assert best_fixed_method(deep, 6, exact_limit=math.comb(deep.dim, 6)) == "exhaustive"
+
+
+def test_lower_bound_function():
+    for depth, alpha in [(3, 0.5), (6, 0.5), (6, 0.8)]:
+        tree = TreePrior(depth, alpha)
+        assert fixed_set_lower_bound(tree, 0) == pytest.approx(tree.energy)
+        for m in range(1, tree.dim + 1):
+            assert fixed_set_lower_bound(tree, m) == pytest.approx(lower_bound(tree, m), abs=1e-15)
+            assert noisefree_nodes_loss(tree, best_fixed_nodes(tree, m)) >= fixed_set_lower_bound(tree, m) - 1e-12
+    with pytest.raises(ValueError, match="budget"):
+        fixed_set_lower_bound(TreePrior(3, 0.5), -1)
 
 
 def test_result_shape_sorted_distinct_and_never_worse_than_heap():
@@ -98,9 +159,9 @@ def test_result_shape_sorted_distinct_and_never_worse_than_heap():
 
 def test_local_search_finds_the_exact_optimum_on_small_trees():
     tree = TreePrior(5, 0.5)
-    for m in range(1, 7):  # comb(31, 6) = 736,281 subsets: about two seconds
-        exact = best_fixed_nodes(tree, m, exact_limit=10**6)
-        local = best_fixed_nodes(tree, m, exact_limit=1)
+    for m in range(1, 7):
+        exact = best_fixed_nodes(tree, m)  # the dynamic program
+        local = best_fixed_nodes(tree, m, method="local")
         assert noisefree_nodes_loss(tree, local) == pytest.approx(noisefree_nodes_loss(tree, exact), abs=1e-12)
         # the exact search really is the minimum over all subsets
         if m <= 2:
@@ -157,6 +218,8 @@ def test_input_validation_names_the_bad_value():
         best_fixed_nodes(tree, 0)
     with pytest.raises(ValueError, match="exact_limit"):
         best_fixed_nodes(tree, 2, exact_limit=0)
+    with pytest.raises(ValueError, match="method.*'greedy'"):
+        best_fixed_nodes(tree, 2, method="greedy")
 
 
 def test_monte_carlo_strategy_reads_the_best_set():

@@ -2,7 +2,8 @@
 
 The chapter relies on three facts that these tests pin down with exact enumeration:
 the nodes of level L-1 reveal the first L levels, fewer nodes cannot, and no fixed set of M
-coordinates beats the lower bound (1 - M / 2^m)_+ sum_{k >= m} alpha^k for any level m.
+coordinates beats the lower bound sum_k alpha^k (1 - M / 2^k)_+ (``fixed_set_lower_bound``, item 1
+of chapter 6's proposition), which is at least (1 - M / 2^m)_+ sum_{k >= m} alpha^k for every level m.
 """
 
 import math
@@ -11,10 +12,13 @@ import pytest
 import torch
 
 from fvlib import TreePrior
-from fvlib.theory import best_fixed_nodes, noisefree_nodes_loss, noisefree_nonadaptive_loss
+from fvlib.theory import best_fixed_nodes, fixed_set_lower_bound, noisefree_nodes_loss, noisefree_nonadaptive_loss
+
+_lower_bound = fixed_set_lower_bound
 
 
-def _lower_bound(tree: TreePrior, budget: int) -> float:
+def _level_bound(tree: TreePrior, budget: int) -> float:
+    """The weaker one-level form: max over m of (1 - M / 2^m)_+ sum_{k >= m} alpha^k."""
     return max(max(0.0, 1 - budget / 2**m) * sum(tree.alpha**k for k in range(m, tree.depth))
                for m in range(tree.depth))
 
@@ -37,10 +41,11 @@ def test_heap_order_is_not_the_best_fixed_set():
 
 
 def test_lower_bound_holds_for_every_set_and_is_tight():
-    tree = TreePrior(4, 0.5)  # every set of M nodes is tried (comb(15, M) <= 6435)
+    tree = TreePrior(4, 0.5)  # the exact best set of every size
     for budget in range(1, tree.dim + 1):
         exact = noisefree_nodes_loss(tree, best_fixed_nodes(tree, budget))
         assert exact >= _lower_bound(tree, budget) - 1e-12, budget
+        assert _lower_bound(tree, budget) >= _level_bound(tree, budget) - 1e-15, budget
     # fewer than 2^(K-1) = 8 nodes cannot reveal every level; the bound is met at M = 7
     assert noisefree_nodes_loss(tree, best_fixed_nodes(tree, 7)) == pytest.approx(_lower_bound(tree, 7))
     assert noisefree_nodes_loss(tree, best_fixed_nodes(tree, 7)) > 0.01

@@ -31,9 +31,13 @@ from .adaptive_opt import (
 from .baselines import theory_baselines
 from .channel import FiniteSampleChannel, GaussianChannel, sample_statistic
 from .closed_forms import (
+    DP_MAX_DEPTH,
+    FIXED_SET_METHODS,
+    best_fixed_method,
     best_fixed_nodes,
     channel_tau2,
     finite_n_covariance,
+    fixed_set_lower_bound,
     gaussian_coordinate_loss,
     gaussian_posterior,
     gaussian_posterior_cov,
