@@ -38,9 +38,12 @@ from .._checks import check_int, check_number
 from ..priors import TreePrior
 from .posteriors import greedy_action, leaf_values_at, posterior_probs, tree_posterior_variance, uniform_log_weights
 
-__all__ = ["dp_value", "dp_no_repeat", "greedy_value", "policy_value", "optimal_actions", "dp_policy_tree", "MAX_DP_DEPTH"]
+__all__ = ["dp_value", "dp_no_repeat", "greedy_value", "policy_value", "optimal_actions", "dp_policy_tree", "MAX_DP_DEPTH",
+           "MAX_DP_LAYERS"]
 
 MAX_DP_DEPTH = 3
+#: The most measurements the exact DP takes (its cost grows as ``(D P)^(L-1)``, see above).
+MAX_DP_LAYERS = 4
 #: The policies :func:`policy_value` evaluates.
 POLICIES = ("optimal", "no_repeat", "greedy", "nonadaptive")
 MAX_HERMITE_POINTS = 256
@@ -54,7 +57,7 @@ def _check(tree: TreePrior, n_layers: int, tau: float, quad_points: int, rule: s
         raise ValueError(f"the DP needs a TreePrior, got {tree!r}")
     if tree.depth > MAX_DP_DEPTH:
         raise ValueError(f"the exact DP supports tree depth <= {MAX_DP_DEPTH}, got depth {tree.depth}")
-    check_int("n_layers", n_layers, 1, min(4, tree.dim))
+    check_int("n_layers", n_layers, 1, min(MAX_DP_LAYERS, tree.dim))
     check_number("tau", tau, 0, low_open=True)
     if rule not in ("hermite", "grid"):
         raise ValueError(f"rule must be 'hermite' or 'grid', got {rule!r}")
