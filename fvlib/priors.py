@@ -56,7 +56,10 @@ class GaussianPrior(Prior):
     """``theta ~ N(0, cov)`` with a symmetric positive semi-definite ``(D, D)`` covariance."""
 
     def __init__(self, cov: torch.Tensor, name: str = "gaussian"):
-        cov = torch.as_tensor(cov, dtype=torch.float64)
+        try:
+            cov = torch.as_tensor(cov, dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"covariance must be a square (D, D) matrix of numbers, got {type(cov).__name__}") from None
         if cov.ndim != 2 or cov.shape[0] != cov.shape[1] or cov.shape[0] < 1:
             raise ValueError(f"covariance must be a square (D, D) matrix, got shape {tuple(cov.shape)}")
         if not torch.isfinite(cov).all():
@@ -80,7 +83,7 @@ class GaussianPrior(Prior):
     @classmethod
     def twin_of(cls, prior: Prior) -> "GaussianPrior":
         """The Gaussian with the same second moments as ``prior`` (no hierarchy)."""
-        return cls(prior.second_moment(), name="gaussian-twin")
+        return cls(check_instance("prior", prior, Prior).second_moment(), name="gaussian-twin")
 
     @cached_property
     def variances(self) -> torch.Tensor:
@@ -139,8 +142,7 @@ class TreePrior(Prior):
 
     def level_nodes(self, level: int) -> torch.Tensor:
         """Node ids at ``level`` (``2^k - 1 .. 2^(k+1) - 2``)."""
-        if not 0 <= level < self.depth:
-            raise ValueError(f"level must be in [0, {self.depth - 1}], got {level!r}")
+        check_int("level", level, 0, self.depth - 1)
         return torch.arange(2**level - 1, 2 ** (level + 1) - 1)
 
     @cached_property

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .._checks import check_budget, check_instance, check_int, check_number, check_seed
-from ..priors import TreePrior
+from .._checks import check_budget, check_instance, check_int, check_number, check_seed, check_tensor
+from ..priors import Prior, TreePrior
 from ..stats import mean_and_stderr, squared_error
 from .adaptive_opt import OptimisedPolicy, optimise_adaptive_policy
 from .channel import FiniteSampleChannel, GaussianChannel, sample_statistic
@@ -69,7 +69,7 @@ class Estimate:
 
     @classmethod
     def of(cls, values: torch.Tensor) -> "Estimate":
-        values = values.double().flatten()
+        values = torch.as_tensor(values, dtype=torch.float64).flatten()
         mean, stderr = mean_and_stderr(values)
         return cls(float(mean), float(stderr), values.numel())
 
@@ -145,6 +145,8 @@ def nonadaptive_nodes(tree_or_dim, budget: int) -> torch.Tensor:
 
 def bayes_decode_nodes(tree: TreePrior, nodes: torch.Tensor, phis: torch.Tensor, tau2: float) -> torch.Tensor:
     """Exact posterior mean ``(B, D)`` from coordinate measurements ``phis (B, M)`` at ``nodes (M,)``."""
+    check_tensor("nodes", nodes, (None,), "(M,)", integer=True)
+    check_tensor("phis", phis, (None, nodes.shape[0]), "(B, M)")
     nodes_b = nodes.expand(phis.shape[0], -1)
     log_w = log_likelihood_nodes(tree, nodes_b, phis, tau2)
     return tree_posterior_mean(tree, posterior_probs(log_w))
@@ -153,6 +155,9 @@ def bayes_decode_nodes(tree: TreePrior, nodes: torch.Tensor, phis: torch.Tensor,
 def lmmse_decode_nodes(variances: torch.Tensor, nodes: torch.Tensor, phis: torch.Tensor, tau2: float) -> torch.Tensor:
     """Linear decoding per coordinate: ``theta_hat_n = v_n / (v_n + tau2) phi_n`` on measured nodes."""
     check_number("tau2", tau2, 0)
+    variances = check_tensor("variances", variances, (None,), "(D,)")
+    nodes = check_tensor("nodes", nodes, (None,), "(M,)", integer=True)
+    check_tensor("phis", phis, (None, nodes.shape[0]), "(B, M)")
     v = variances[nodes]
     theta_hat = torch.zeros(phis.shape[0], variances.shape[0], dtype=torch.float64)
     theta_hat[:, nodes] = phis * (v / (v + tau2))
@@ -161,6 +166,7 @@ def lmmse_decode_nodes(variances: torch.Tensor, nodes: torch.Tensor, phis: torch
 
 def orthonormal_rows(W: torch.Tensor) -> torch.Tensor:
     """Orthonormal basis ``(M, D)`` of the row space of ``W (M, D)`` (sign-fixed QR)."""
+    check_tensor("W", W, (None, None), "(M, D)")
     q, r = torch.linalg.qr(W.T)
     signs = torch.sign(torch.diagonal(r))
     signs = torch.where(signs == 0, torch.ones_like(signs), signs)
@@ -263,6 +269,7 @@ def mc_contexts(prior, samples: int, n_ctx: int, noise_std: float, seed: int, st
     not need it, and drawing it costs ``O(N)`` per context.
     """
     check_seed("seed", seed)
+    check_instance("prior", prior, Prior)
     gen = torch.Generator().manual_seed(seed)
     if isinstance(prior, TreePrior):
         signs = prior.sample_signs(samples, gen)
