@@ -10,8 +10,25 @@ library trust what the edges checked and keep at most a cheap ``assert``.
 from __future__ import annotations
 
 import math
+import numbers
 
-__all__ = ["is_int", "check_int", "check_number", "dataclass_from_dict"]
+import torch
+
+__all__ = [
+    "MAX_SEED",
+    "is_int",
+    "check_int",
+    "check_number",
+    "check_seed",
+    "check_budget",
+    "check_instance",
+    "check_tensor",
+    "dataclass_from_dict",
+]
+
+#: Seeds are integers in ``[0, MAX_SEED]`` everywhere (the library, every CLI subcommand): the
+#: range of NumPy's seeds, and far inside torch's, so offsets such as ``seed + 20_000`` stay valid.
+MAX_SEED = 2**32 - 1
 
 
 def is_int(value) -> bool:
@@ -33,12 +50,70 @@ def check_number(
 ) -> float:
     """``value`` if it is a finite real number in ``[low, high]`` (``(low, high]`` with
     ``low_open``; either bound may be ``None``)."""
-    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    number = _is_real(value) and math.isfinite(value)
     too_low = number and low is not None and (value <= low if low_open else value < low)
     too_high = number and high is not None and value > high
     if not number or too_low or too_high:
         raise ValueError(f"{name} must be {_number_range(low, high, low_open)}, got {value!r}")
     return value
+
+
+def _is_real(value) -> bool:
+    """A real number (Python, NumPy, or a 0-d real tensor), not a ``bool``."""
+    if isinstance(value, torch.Tensor):
+        return value.ndim == 0 and not value.is_complex() and value.dtype != torch.bool
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_seed(name: str, value) -> int:
+    """``value`` if it is a seed: an integer in ``[0, MAX_SEED]`` (one rule everywhere)."""
+    return check_int(name, value, 0, MAX_SEED)
+
+
+def check_budget(name: str, value, depth: int, depth_name: str = "depth") -> int:
+    """``value`` if it is a budget for a tree of depth ``depth``: an integer in ``[1, D]`` with
+    ``D = 2^depth - 1`` coordinates (one rule everywhere; ``depth_name`` names the depth)."""
+    dim = 2**depth - 1
+    if not is_int(value) or not 1 <= value <= dim:
+        raise ValueError(f"{name} must be an integer in [1, {dim}] (D = 2^K - 1 at {depth_name} {depth}), "
+                         f"got {value!r}")
+    return value
+
+
+def check_instance(name: str, value, cls):
+    """``value`` if it is an instance of ``cls`` (a class or a tuple of classes)."""
+    if not isinstance(value, cls):
+        names = " or ".join(c.__name__ for c in (cls if isinstance(cls, tuple) else (cls,)))
+        raise ValueError(f"{name} must be a {names}, got {type(value).__name__}")
+    return value
+
+
+def check_tensor(name: str, value, shape: tuple | None = None, text: str | None = None, *,
+                 integer: bool = False) -> torch.Tensor:
+    """``value`` if it is a real ``torch.Tensor`` (integer-valued with ``integer``) whose shape
+    matches ``shape``: one entry per axis, an ``int`` size or ``None`` for any size. ``text``
+    names the axes in the message, e.g. ``"(B, 2^K)"``.
+
+    A list or NumPy array is refused, not converted: the message says what to pass.
+    """
+    wanted = _shape_text(shape, text)
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor{' of shape ' + wanted if wanted else ''}, "
+                         f"got {type(value).__name__}")
+    if value.is_complex() or value.dtype == torch.bool or (integer and value.is_floating_point()):
+        raise ValueError(f"{name} must be {'an integer' if integer else 'a real'} tensor, got dtype {value.dtype}")
+    if shape is not None and (value.ndim != len(shape)
+                              or any(s is not None and s != n for s, n in zip(shape, value.shape))):
+        raise ValueError(f"{name} must have shape {wanted}, got {tuple(value.shape)}")
+    return value
+
+
+def _shape_text(shape: tuple | None, text: str | None) -> str:
+    if shape is None:
+        return text or ""
+    sizes = tuple("*" if s is None else s for s in shape)
+    inner = ", ".join(map(str, sizes)) + ("," if len(sizes) == 1 else "")
+    return f"{text} = ({inner})" if text else f"({inner})"
 
 
 def _integer_range(low, high) -> str:

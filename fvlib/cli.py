@@ -2,18 +2,24 @@
 
 The contract (subcommands, flags, JSON keys) is the book's appendix *Conventions*, section "The command line".
 
-Bad input never shows a traceback: the message names the bad value on one line and the exit
-status is 2.
+Bad input never shows a traceback: the message names the flag and the bad value on one line
+and the exit status is 2, before any expensive work. Sizes are checked against an estimate of
+their cost first: ``theory`` is refused when it would need more memory than the machine has or
+more than :data:`THEORY_TIME_LIMIT` seconds of computing (and says how long it will take when
+that is over :data:`NOTE_AFTER` seconds); ``train`` is refused when it would need more memory
+than the machine (or the GPU) has, and shows its progress otherwise. JSON output holds ``null``
+where a number is not finite, never a bare ``NaN`` or ``Infinity``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
-from ._checks import check_int, check_number
+from ._checks import check_budget, check_int, check_number, check_seed
 
 __all__ = ["main", "build_parser"]
 
@@ -27,17 +33,29 @@ class _Parser(argparse.ArgumentParser):
         raise CliError(message)
 
 
-def _integer(name, low=None):
-    """An argparse type: an integer ``>= low``, checked by :func:`fvlib._checks.check_int`."""
+#: ``theory`` refuses a run estimated (:func:`fvlib.theory.theory_cost`) to need more seconds
+#: of computing than this, and notes on stderr how long one over :data:`NOTE_AFTER` takes.
+THEORY_TIME_LIMIT = 3600.0
+NOTE_AFTER = 60.0
+
+
+def _integer(name, low=None, high=None, check=None):
+    """An argparse type: an integer in ``[low, high]``, checked by :func:`fvlib._checks.check_int`
+    (or by ``check(name, value)``)."""
 
     def parse(text):
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        return _checked(check_int, name, value, low)
+        return _checked(check, name, value) if check else _checked(check_int, name, value, low, high)
 
     return parse
+
+
+def _seed(name="--seed"):
+    """An argparse type: a seed, one rule for every subcommand (:func:`fvlib._checks.check_seed`)."""
+    return _integer(name, check=check_seed)
 
 
 def _positive_int(name):
@@ -76,13 +94,16 @@ def _writable_dir(flag: str, path) -> None:
 
 
 def _add_task_args(p, prior_choices):
+    from .priors import MAX_TREE_DEPTH
+    from .task import MAX_NOISE_STD
+
     p.add_argument("--prior", choices=prior_choices, default="tree")
-    p.add_argument("--depth", type=_positive_int("--depth"), required=True, help="tree depth K (D = 2^K - 1)")
+    p.add_argument("--depth", type=_integer("--depth", 1, MAX_TREE_DEPTH), required=True, help="tree depth K (D = 2^K - 1)")
     p.add_argument("--alpha", type=_number("--alpha", 0.0, 1.0, low_open=True), default=0.5)
     p.add_argument("--n-ctx", type=_positive_int("--n-ctx"), required=True, help="context length N")
-    p.add_argument("--noise-std", type=_number("--noise-std", 0.0, None), default=0.0, help="label noise sigma")
-    p.add_argument("--budget", type=_positive_int("--budget"), required=True, help="measurement budget M")
-    p.add_argument("--seed", type=_integer("--seed"), default=0)
+    p.add_argument("--noise-std", type=_number("--noise-std", 0.0, MAX_NOISE_STD), default=0.0, help="label noise sigma")
+    p.add_argument("--budget", type=_positive_int("--budget"), required=True, help="measurement budget M, in [1, D]")
+    p.add_argument("--seed", type=_seed(), default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -91,6 +112,12 @@ def program_name(argv0: str | None = None) -> str:
     module (``.../fvlib/__main__.py``), else the script's name (``fvlib``, the console script)."""
     name = os.path.basename(sys.argv[0] if argv0 is None else argv0)
     return "python -m fvlib" if name in ("__main__.py", "") else name
+def _check_budget(args) -> None:
+    """One rule for ``--budget`` in every subcommand: an integer in ``[1, D]``."""
+    try:
+        check_budget("--budget", args.budget, args.depth, "--depth")
+    except ValueError as err:
+        raise CliError(str(err)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     patch = sub.add_parser("patch", help="key-patching heatmap of a trained tree-prior run")
     patch.add_argument("--run", required=True, help="run directory written by 'train'")
     patch.add_argument("--contexts", type=_positive_int("--contexts"), default=2000, help="pairs per split level")
-    patch.add_argument("--seed", type=_integer("--seed"), default=0)
+    patch.add_argument("--seed", type=_seed(), default=0)
     patch.add_argument("--json", action="store_true", help="print one JSON object")
     patch.set_defaults(handler=_run_patch)
 
@@ -158,7 +185,7 @@ def _add_reproduce_parser(sub, name: str, help_text: str) -> None:
     repro = sub.add_parser(name, help=help_text)
     repro.add_argument("--quick", action="store_true", help="small configuration (about a minute)")
     repro.add_argument("--out", required=True, help="output directory")
-    repro.add_argument("--seed", type=_integer("--seed", 0), default=0)
+    repro.add_argument("--seed", type=_seed(), default=0)
     repro.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     repro.set_defaults(handler=_run_reproduce)
 
@@ -209,13 +236,15 @@ THEORY_KEYS = (
 
 def _run_theory(args) -> dict:
     from .priors import TreePrior
-    from .theory import theory_baselines
+    from .theory import MAX_DP_DEPTH, MAX_DP_LAYERS, theory_baselines
 
+    _check_budget(args)
+    if args.dp and args.depth > MAX_DP_DEPTH:
+        raise CliError(f"--dp needs --depth <= {MAX_DP_DEPTH}, got {args.depth}")
+    if args.dp and args.budget > MAX_DP_LAYERS:
+        raise CliError(f"--dp needs --budget <= {MAX_DP_LAYERS}, got {args.budget}")
+    _check_theory_cost(args)
     tree = TreePrior(args.depth, args.alpha)
-    if args.budget > tree.dim:
-        raise CliError(f"--budget must be <= D = 2^K - 1 = {tree.dim}, got {args.budget}")
-    if args.dp and args.depth > 3:
-        raise CliError(f"--dp needs --depth <= 3, got {args.depth}")
     res = theory_baselines(
         tree, args.n_ctx, args.noise_std, args.budget, samples=args.samples, seed=args.seed, optimised=args.optimised, dp=args.dp,
         adaptive_opt=args.optimised,
@@ -231,8 +260,7 @@ def _run_theory(args) -> dict:
 def _run_train(args) -> dict:
     from .train import TrainConfig, recipe_for, train
 
-    if args.seed < 0:
-        raise CliError(f"--seed must be >= 0, got {args.seed}")
+    _check_budget(args)
     recipe = recipe_for(args.arch)  # flags given override the architecture's recipe
     recipe.update({k: getattr(args, k) for k in ("batch", "lr", "warmup", "queries", "width",
                                                   "router_warm_start", "router_lr_scale")
@@ -244,6 +272,7 @@ def _run_train(args) -> dict:
         noise_std=args.noise_std, budget=args.budget, steps=args.steps, seed=args.seed, device=args.device,
         arch=args.arch, **recipe,
     )
+    _check_train_memory(config)
     _writable_dir("--out", args.out)
     result = train(config, out_dir=args.out, progress=not args.no_progress)
     return {
@@ -254,6 +283,91 @@ def _run_train(args) -> dict:
         "model": config.model,
         "prior": config.prior,
     }
+
+
+def _memory_limit(device=None) -> float:
+    """The memory there is for a run: the GPU's for a CUDA device, else the machine's RAM."""
+    import torch
+
+    if device is not None and device.type == "cuda":
+        return float(torch.cuda.get_device_properties(device).total_memory)
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, OSError, ValueError):  # no sysconf (Windows): no limit known
+        return math.inf
+
+
+def _culprit(estimate, values: dict, reference: dict) -> str:
+    """The flag (with its value) whose ``reference`` value lowers ``estimate(values)`` the most:
+    the one to name when the estimate is over a limit."""
+
+    def lowered(name):
+        try:
+            return estimate({**values, name: reference[name]})
+        except ValueError:  # the reference value does not fit the others
+            return math.inf
+
+    name = min(reference, key=lowered)
+    flag = "--" + name.replace("_", "-")
+    return flag if values[name] is True else f"{flag} {values[name]}"
+
+
+def _size(nbytes: float) -> str:
+    if nbytes >= 1e12:
+        return f"{nbytes / 1e12:.3g} TB"
+    return f"{nbytes / 1e9:.3g} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:.3g} MB"
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600 * 24 * 365:
+        return f"{seconds / (3600 * 24 * 365):.2g} years"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.3g} h"
+    return f"{seconds / 60:.2g} min" if seconds >= 60 else f"{seconds:.2g} s"
+
+
+def _check_theory_cost(args) -> None:
+    """Refuse a ``theory`` run that cannot fit or finish (:func:`fvlib.theory.theory_cost`), naming
+    the flag most responsible; note on stderr how long a long one takes."""
+    from .theory import theory_cost
+
+    values = {name: getattr(args, name) for name in ("depth", "n_ctx", "budget", "samples", "optimised", "dp")}
+    reference = {"depth": 6, "n_ctx": 128, "budget": min(6, 2**args.depth - 1), "samples": 4000,
+                 "optimised": False, "dp": False}  # the book's reference configuration
+    seconds, memory = theory_cost(**values)
+    limit = _memory_limit()
+    if memory > limit:
+        culprit = _culprit(lambda v: theory_cost(**v)[1], values, reference)
+        raise CliError(f"{culprit}: theory needs about {_size(memory)} of memory (estimated), more than the "
+                       f"{_size(limit)} this machine has")
+    if seconds > THEORY_TIME_LIMIT:
+        culprit = _culprit(lambda v: theory_cost(**v)[0], values, reference)
+        raise CliError(f"{culprit}: theory needs about {_duration(seconds)} of computing (estimated on one "
+                       f"core), over the limit of {_duration(THEORY_TIME_LIMIT)}")
+    if seconds > NOTE_AFTER:
+        print(f"fvlib: note: this takes about {_duration(seconds)} (estimated on one core)", file=sys.stderr)
+
+
+def _check_train_memory(config) -> None:
+    """Refuse a training run that cannot fit in memory (:func:`fvlib.train.estimate_memory`),
+    naming the flag most responsible."""
+    from dataclasses import replace
+
+    from .train import TrainConfig, estimate_memory, recipe_for, resolve_device
+
+    memory = estimate_memory(config)
+    device = resolve_device(config.device)
+    limit = _memory_limit(device)
+    if memory <= limit:
+        return
+    default = replace(TrainConfig(arch=config.arch, model=config.model), **recipe_for(config.arch))
+    names = ("depth", "n_ctx", "batch", "queries", "width")
+    values = {name: getattr(config, name) for name in names}
+    culprit = _culprit(lambda v: estimate_memory(replace(config, **v)), values,
+                       {name: getattr(default, name) for name in names})
+    where = "the GPU" if device.type == "cuda" else "this machine"
+    raise CliError(f"{culprit}: training needs about {_size(memory)} of memory (estimated), more than the "
+                   f"{_size(limit)} {where} has")
 
 
 def _run_warm(args) -> dict:
@@ -390,9 +504,20 @@ def _run_experiment_show(args) -> dict:
     return out
 
 
+def _finite_or_none(value):
+    """``value`` with every float that is not finite replaced by ``None`` (JSON ``null``)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_none(v) for v in value]
+    return value
+
+
 def _print(result: dict, as_json: bool) -> None:
     if as_json:
-        print(json.dumps(result))
+        print(json.dumps(_finite_or_none(result), allow_nan=False))
         return
     width = max(len(k) for k in result)
     for key, value in result.items():

@@ -333,6 +333,13 @@ def _tensor(value, what: str, shape: tuple[int, ...], shape_text: str) -> torch.
         raise _Fail(f"your function returned None instead of {what}", "did you forget the `return` statement?")
     try:
         tensor = torch.as_tensor(value).detach().cpu()
+    except Exception:  # noqa: BLE001
+        tensor = None
+    if tensor is not None and tensor.is_complex():
+        raise _Fail(f"your {what} is complex (dtype {tensor.dtype}), expected real numbers",
+                    "keep the computation real: no complex inputs, no square roots or logs of negative numbers")
+    try:
+        tensor = torch.as_tensor(value).detach().cpu()
         if tensor.dtype == torch.bool:
             tensor = tensor.double()
         tensor = tensor.to(torch.float64)

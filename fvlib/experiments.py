@@ -64,7 +64,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from ._checks import check_int, check_number
+from ._checks import check_int, check_number, check_seed
 from .batched import train_many
 from .models import hook_name
 from .priors import GaussianPrior, TreePrior
@@ -277,7 +277,7 @@ def warm_work() -> list:
 def _check_seeds(seeds) -> list[int]:
     if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence) or not seeds:
         raise ValueError(f"seeds must be a non-empty list of seeds, got {seeds!r}")
-    seeds = [check_int("seed", s, 0) for s in seeds]
+    seeds = [check_seed("seed", s) for s in seeds]
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be distinct, got {seeds!r}")
     return seeds

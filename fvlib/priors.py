@@ -19,12 +19,11 @@ All sampling goes through an explicit :class:`torch.Generator`, so results are r
 
 from __future__ import annotations
 
-import math
 from functools import cached_property
 
 import torch
 
-from ._checks import check_int
+from ._checks import check_instance, check_int, check_number
 
 __all__ = ["Prior", "GaussianPrior", "TreePrior", "MAX_TREE_DEPTH", "make_prior"]
 
@@ -57,7 +56,10 @@ class GaussianPrior(Prior):
     """``theta ~ N(0, cov)`` with a symmetric positive semi-definite ``(D, D)`` covariance."""
 
     def __init__(self, cov: torch.Tensor, name: str = "gaussian"):
-        cov = torch.as_tensor(cov, dtype=torch.float64)
+        try:
+            cov = torch.as_tensor(cov, dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"covariance must be a square (D, D) matrix of numbers, got {type(cov).__name__}") from None
         if cov.ndim != 2 or cov.shape[0] != cov.shape[1] or cov.shape[0] < 1:
             raise ValueError(f"covariance must be a square (D, D) matrix, got shape {tuple(cov.shape)}")
         if not torch.isfinite(cov).all():
@@ -75,14 +77,13 @@ class GaussianPrior(Prior):
     def isotropic(cls, dim: int, variance: float = 1.0) -> "GaussianPrior":
         """``N(0, variance * I_dim)``."""
         check_int("dim", dim, 1)
-        if not variance > 0:
-            raise ValueError(f"variance must be positive, got {variance!r}")
+        check_number("variance", variance, 0, low_open=True)
         return cls(variance * torch.eye(dim, dtype=torch.float64), name="gaussian")
 
     @classmethod
     def twin_of(cls, prior: Prior) -> "GaussianPrior":
         """The Gaussian with the same second moments as ``prior`` (no hierarchy)."""
-        return cls(prior.second_moment(), name="gaussian-twin")
+        return cls(check_instance("prior", prior, Prior).second_moment(), name="gaussian-twin")
 
     @cached_property
     def variances(self) -> torch.Tensor:
@@ -98,6 +99,7 @@ class GaussianPrior(Prior):
         return self.cov
 
     def sample(self, batch: int, generator: torch.Generator) -> torch.Tensor:
+        check_instance("generator", generator, torch.Generator)
         z = torch.randn(check_int("batch", batch, 1), self.dim, generator=generator, dtype=torch.float64)
         return z @ self._factor.T
 
@@ -114,9 +116,7 @@ class TreePrior(Prior):
 
     def __init__(self, depth: int, alpha: float):
         check_int("depth", depth, 1, MAX_TREE_DEPTH)
-        alpha = float(alpha)
-        if not (0.0 < alpha <= 1.0) or math.isnan(alpha):
-            raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
+        alpha = float(check_number("alpha", alpha, 0.0, 1.0, low_open=True))
         self.depth = depth
         self.alpha = alpha
         self.dim = 2**depth - 1
@@ -142,8 +142,7 @@ class TreePrior(Prior):
 
     def level_nodes(self, level: int) -> torch.Tensor:
         """Node ids at ``level`` (``2^k - 1 .. 2^(k+1) - 2``)."""
-        if not 0 <= level < self.depth:
-            raise ValueError(f"level must be in [0, {self.depth - 1}], got {level!r}")
+        check_int("level", level, 0, self.depth - 1)
         return torch.arange(2**level - 1, 2 ** (level + 1) - 1)
 
     @cached_property
@@ -198,6 +197,7 @@ class TreePrior(Prior):
 
     def sample_signs(self, batch: int, generator: torch.Generator) -> torch.Tensor:
         """Uniform sign paths, shape ``(batch, K)``."""
+        check_instance("generator", generator, torch.Generator)
         bits = torch.randint(0, 2, (check_int("batch", batch, 1), self.depth), generator=generator)
         return 2 * bits - 1
 

@@ -17,15 +17,23 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ._checks import check_int, check_number
+from ._checks import check_instance, check_int, check_number, check_tensor
 from .priors import Prior, TreePrior
 
-__all__ = ["TaskBatch", "sample_task", "check_task_args", "make_generator"]
+__all__ = ["TaskBatch", "sample_task", "check_task_args", "make_generator", "MAX_NOISE_STD"]
+
+#: Largest label noise ``sigma`` accepted: far beyond any signal (``|theta|^2 <= K <= 16``),
+#: and far below where ``sigma^2`` overflows (float32 arithmetic near ``1e19``).
+MAX_NOISE_STD = 1e6
 
 
 def make_generator(seed: int, device: str | torch.device = "cpu") -> torch.Generator:
-    """A seeded :class:`torch.Generator` (the only source of randomness in fvlib)."""
-    check_int("seed", seed)
+    """A seeded :class:`torch.Generator` (the only source of randomness in fvlib).
+
+    Any seed torch takes, ``[0, 2^64 - 1]``: a seed a user gives is in ``[0, MAX_SEED]``
+    (:func:`fvlib._checks.check_seed`), the seeds derived from it add offsets to it.
+    """
+    check_int("seed", seed, 0, 2**64 - 1)
     return torch.Generator(device=device).manual_seed(seed)
 
 
@@ -85,7 +93,7 @@ class TaskBatch:
 def check_task_args(n_ctx: int, noise_std: float) -> None:
     """Raise ``ValueError`` naming the bad value for a bad context length or noise level."""
     check_int("n_ctx", n_ctx, 1)
-    check_number("noise_std", noise_std, 0)
+    check_number("noise_std", noise_std, 0, MAX_NOISE_STD)
 
 
 def sample_task(
@@ -111,7 +119,10 @@ def sample_task(
         x: optional ``(B, N, D)`` inputs to reuse (donor and target share their ``x_i``).
         dtype: dtype of the returned tensors (float32 for models, float64 for theory).
     """
+    check_instance("prior", prior, Prior)
+    check_int("batch", batch, 1)
     check_task_args(n_ctx, noise_std)
+    check_instance("generator", generator, torch.Generator)
     if signs is not None:
         if not isinstance(prior, TreePrior):
             raise ValueError("signs can only be given for a tree prior")
@@ -126,8 +137,8 @@ def sample_task(
     D = prior.dim
     if x is None:
         x = torch.randn(batch, n_ctx, D, generator=generator, dtype=dtype)
-    elif tuple(x.shape) != (batch, n_ctx, D):
-        raise ValueError(f"x must have shape {(batch, n_ctx, D)}, got {tuple(x.shape)}")
+    else:
+        check_tensor("x", x, (batch, n_ctx, D), "(B, N, D)")
     x = x.to(dtype)
     theta = theta.to(dtype)
     x_query = torch.randn(batch, D, generator=generator, dtype=dtype)

@@ -53,3 +53,40 @@ def test_squared_error_and_mean_and_stderr():
     assert mean.tolist() == [3.0] and stderr.item() == pytest.approx(values.std().item() / 2)
     mean, stderr = mean_and_stderr(torch.tensor([4.0]))
     assert mean.item() == 4.0 and math.isnan(stderr.item())
+
+
+def test_seed_budget_instance_and_tensor_checks():
+    from fvlib._checks import MAX_SEED, check_budget, check_instance, check_seed, check_tensor
+
+    assert check_seed("seed", 0) == 0 and check_seed("seed", MAX_SEED) == MAX_SEED
+    for bad in (-1, MAX_SEED + 1, 10**23, 1.0, True):
+        with pytest.raises(ValueError, match=rf"seed must be an integer in \[0, {MAX_SEED}\], got"):
+            check_seed("seed", bad)
+    assert check_budget("budget", 7, 3) == 7
+    for bad in (0, 8, 2.0):
+        with pytest.raises(ValueError, match=rf"budget must be an integer in \[1, 7\] \(D = 2\^K - 1 at depth 3\), got {bad}"):
+            check_budget("budget", bad, 3)
+    with pytest.raises(ValueError, match="tree must be a dict or list, got str"):
+        check_instance("tree", "x", (dict, list))
+    t = torch.zeros(2, 8)
+    assert check_tensor("probs", t, (None, 8)) is t
+    for value, kwargs, message in [
+        ([[0.0] * 8], {}, r"probs must be a torch.Tensor of shape \(B, 2\^K\) = \(\*, 8\), got list"),
+        (torch.zeros(2, 7), {}, r"probs must have shape \(B, 2\^K\) = \(\*, 8\), got \(2, 7\)"),
+        (torch.zeros(8), {}, r"got \(8,\)"),
+        (torch.zeros(2, 8, dtype=torch.complex64), {}, "probs must be a real tensor, got dtype torch.complex64"),
+        (torch.zeros(2, 8, dtype=torch.bool), {}, "real tensor"),
+        (torch.zeros(2, 8), {"integer": True}, "probs must be an integer tensor, got dtype torch.float32"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            check_tensor("probs", value, (None, 8), "(B, 2^K)", **kwargs)
+
+
+def test_check_number_takes_numpy_and_zero_dim_tensors_but_not_bools():
+    import numpy as np
+
+    assert check_number("x", np.float32(0.5), 0, 1) == np.float32(0.5)
+    assert float(check_number("x", torch.tensor(0.5), 0, 1)) == 0.5
+    for bad in (np.bool_(True), torch.tensor(True), torch.tensor([0.5]), torch.tensor(1j)):
+        with pytest.raises(ValueError, match="x must be"):
+            check_number("x", bad)

@@ -300,3 +300,9 @@ def test_patching_bad_input():
         check_patching_sweep("heatmap")
     with pytest.raises(ValueError, match="contexts"):
         check_patching_sweep(make_patching_student(), contexts=10)
+
+
+def test_a_complex_answer_is_not_called_correct():
+    """A complex tensor whose real part is right is a failure that says it is complex."""
+    result = check_sufficient_statistic(lambda x, y: ghat_right(x, y).to(torch.complex128) + 1e-3j)
+    assert failed_with(result, None, "complex")

@@ -98,3 +98,36 @@ def test_task_is_deterministic_and_query_loss_decomposes():
 def test_task_rejects_bad_arguments(n_ctx, noise):
     with pytest.raises(ValueError):
         sample_task(TreePrior(2, 0.5), 3, n_ctx, noise, make_generator(0))
+
+
+@pytest.mark.parametrize("alpha", [True, "0.5", None, [0.5]])
+def test_tree_alpha_must_be_a_number(alpha):
+    with pytest.raises(ValueError, match="alpha must be a number in"):
+        TreePrior(3, alpha)
+
+
+def test_tree_alpha_takes_numpy_and_tensor_numbers():
+    import numpy as np
+
+    assert TreePrior(3, np.float32(0.5)).alpha == 0.5 and TreePrior(3, torch.tensor(0.25)).alpha == 0.25
+
+
+def test_task_bad_arguments_name_the_argument():
+    from fvlib.task import MAX_NOISE_STD
+
+    tree, gen = TreePrior(2, 0.5), make_generator(0)
+    for call, words in [
+        (lambda: sample_task([1], 3, 4, 0.0, gen), "prior must be a Prior, got list"),
+        (lambda: sample_task(tree, 0, 4, 0.0, gen), "batch must be a positive integer, got 0"),
+        (lambda: sample_task(tree, 3, 4, 0.0, None), "generator must be a Generator, got NoneType"),
+        (lambda: sample_task(tree, 3, 4, 1e200, gen), f"noise_std must be a number in [0, {MAX_NOISE_STD}]"),
+        (lambda: sample_task(tree, 3, 4, 0.0, gen, x=[[0.0]]), "x must be a torch.Tensor of shape (B, N, D)"),
+        (lambda: sample_task(tree, 3, 4, 0.0, gen, x=torch.zeros(3, 4, 2)), "x must have shape (B, N, D) = (3, 4, 3)"),
+        (lambda: tree.sample(2, 0), "generator must be a Generator, got int"),
+        (lambda: GaussianPrior.isotropic(3, "1"), "variance must be a positive number, got '1'"),
+        (lambda: make_generator(-1), "seed must be an integer in [0, 18446744073709551615], got -1"),
+        (lambda: make_generator(2**64), "seed must be"),
+    ]:
+        with pytest.raises(ValueError) as err:
+            call()
+        assert words in str(err.value), str(err.value)

@@ -253,3 +253,79 @@ def test_optimise_gaussian_rows_unit_rows_beat_top_coordinates_at_small_n():
         optimise_gaussian_rows(twin.cov, 4, tau2, rows="free")
     with pytest.raises(ValueError, match="budget"):
         optimise_gaussian_rows(twin.cov, 0, tau2)
+
+
+# ----- bad input at the public entry points --------------------------------------------------
+def _bad_theory_calls():
+    """``(label, call, words the ValueError must hold)``: each call is a mistake a user makes."""
+    import fvlib.theory as th
+
+    t = TreePrior(3, 0.5)
+    long = torch.zeros(2, 2, dtype=torch.long)
+    phis = torch.zeros(2, 2, dtype=torch.float64)
+    f64 = dict(dtype=torch.float64)
+    return [
+        ("channel_tau2 list", lambda: th.channel_tau2([1.0, 2.0], 16, 0.0), ["prior", "Prior", "list"]),
+        ("theory_baselines list", lambda: th.theory_baselines([1], 16, 0.0, 2), ["tree", "TreePrior", "list"]),
+        ("theory_baselines budget", lambda: th.theory_baselines(t, 16, 0.0, 8), ["budget", "[1, 7]", "8"]),
+        ("log_likelihood_nodes lists", lambda: th.log_likelihood_nodes(t, [[0, 1]], [[0.1, 0.2]], 0.1),
+         ["nodes", "torch.Tensor", "list"]),
+        ("log_likelihood_nodes mismatch", lambda: th.log_likelihood_nodes(t, torch.zeros(2, 3, dtype=torch.long), phis, 0.1),
+         ["phis", "(2, 3)", "(2, 2)"]),
+        ("log_likelihood_nodes float nodes", lambda: th.log_likelihood_nodes(t, phis, phis, 0.1), ["nodes", "integer"]),
+        ("log_likelihood_nodes tau2", lambda: th.log_likelihood_nodes(t, long, phis, -1.0), ["tau2", "-1.0"]),
+        ("tree_posterior_mean shape", lambda: th.tree_posterior_mean(t, torch.ones(2, 7)), ["probs", "(*, 8)", "(2, 7)"]),
+        ("tree_posterior_cov shape", lambda: th.tree_posterior_cov(t, torch.ones(2, 6)), ["probs", "(2, 6)"]),
+        ("node_masses shape", lambda: th.node_masses(t, torch.ones(2, 6)), ["probs", "(2, 6)"]),
+        ("level_node_masses level", lambda: th.level_node_masses(t, torch.ones(2, 8) / 8, 9), ["level", "[0, 2]", "9"]),
+        ("greedy_action log_w", lambda: th.greedy_action(t, torch.zeros(2, 7), 0), ["log_w", "(2, 7)"]),
+        ("greedy_action step", lambda: th.greedy_action(t, torch.zeros(2, 8), 99), ["step", "[0, 6]", "99"]),
+        ("greedy_action measured", lambda: th.greedy_action(t, torch.zeros(2, 8), 3, torch.zeros(2, 6, dtype=torch.bool)),
+         ["measured", "(2, 7)"]),
+        ("update_with_node mismatch", lambda: th.update_with_node(t, torch.zeros(2, 8), torch.zeros(3, dtype=torch.long),
+                                                                  torch.zeros(2), 0.1), ["nodes", "(3,)"]),
+        ("leaf_values_at float", lambda: th.leaf_values_at(t, torch.tensor([0.5])), ["nodes", "integer"]),
+        ("uniform_log_weights batch", lambda: th.uniform_log_weights(t, -1), ["batch", "-1"]),
+        ("posterior_probs list", lambda: th.posterior_probs([[0.0] * 8]), ["log_w", "list"]),
+        ("log_likelihood_directions Q", lambda: th.log_likelihood_directions(t, torch.eye(6, **f64), torch.zeros(1, 6, **f64), 0.1),
+         ["Q", "(6, 6)"]),
+        ("gaussian_coordinate_loss tau2", lambda: th.gaussian_coordinate_loss(t.node_variances, 3, -1.0), ["tau2", "-1.0"]),
+        ("twin_finite_n_loss tau2", lambda: th.twin_finite_n_loss(t.node_variances, 3, 16, -1.0), ["tau2", "-1.0"]),
+        ("gaussian_posterior_cov tau2", lambda: th.gaussian_posterior_cov(torch.eye(3, **f64), torch.eye(3, **f64)[:2], -1.0),
+         ["tau2", "-1.0"]),
+        ("gaussian_posterior_cov W", lambda: th.gaussian_posterior_cov(torch.eye(3, **f64), torch.eye(4, **f64), 0.1),
+         ["W", "(4, 4)"]),
+        ("optimise_gaussian_rows tau2", lambda: th.optimise_gaussian_rows(torch.eye(3, **f64), 2, -1.0, steps=1),
+         ["tau2", "-1.0"]),
+        ("optimise_directions tau2", lambda: th.optimise_directions(t, 2, -1.0, steps=1), ["tau2", "-1.0"]),
+        ("lmmse_decode_nodes tau2", lambda: th.lmmse_decode_nodes(t.node_variances, torch.arange(2), phis, -1.0),
+         ["tau2", "-1.0"]),
+        ("noisefree_adaptive_loss list", lambda: th.noisefree_adaptive_loss([1], 2), ["tree", "list"]),
+        ("sample_statistic list", lambda: th.sample_statistic([[1.0] * 7], 16, 0.0, torch.Generator()), ["theta", "list"]),
+        ("GaussianChannel list", lambda: th.GaussianChannel([[0.0] * 7], 0.1, torch.Generator()), ["theta", "list"]),
+        ("FiniteSampleChannel W", lambda: th.FiniteSampleChannel(torch.zeros(2, 7)).measure(torch.zeros(2, 5)), ["W", "(2, 5)"]),
+        ("FiniteSampleChannel nodes", lambda: th.FiniteSampleChannel(torch.zeros(2, 7)).measure_nodes(torch.tensor([0, 7])),
+         ["nodes", "[0, 6]"]),
+        ("evaluate_strategies seed", lambda: th.evaluate_strategies(t, 16, 0.0, 2, samples=10, seed=10**23), ["seed"]),
+        ("run_greedy channel", lambda: th.run_greedy(t, torch.zeros(2, 7), 2, 0.1), ["channel", "Tensor"]),
+    ]
+
+
+@pytest.mark.parametrize("label, call, words", _bad_theory_calls(), ids=[c[0] for c in _bad_theory_calls()])
+def test_bad_input_is_a_value_error_naming_the_argument(label, call, words):
+    with pytest.raises(ValueError) as err:
+        call()
+    assert all(w in str(err.value) for w in words), str(err.value)
+
+
+def test_theory_cost_grows_with_every_size_and_flags_the_slow_options():
+    from fvlib.theory import theory_cost
+
+    base = dict(depth=6, n_ctx=128, budget=6, samples=4000)
+    seconds, memory = theory_cost(**base)
+    assert 0 < seconds < 60 and 0 < memory < 1e9  # the book's reference configuration
+    for name, value in (("depth", 8), ("n_ctx", 4096), ("budget", 12), ("samples", 40000)):
+        more = theory_cost(**{**base, name: value})
+        assert more[0] > seconds and more[1] >= memory, name
+    assert theory_cost(**base, optimised=True)[0] > 10 * seconds
+    assert theory_cost(3, 16, 4, dp=True)[0] > 3600 > theory_cost(3, 16, 3, dp=True)[0]

@@ -73,6 +73,9 @@ def same_parameters(a, b) -> bool:
         ("n_ctx", 0),
         ("noise_std", -0.1),
         ("seed", -1),
+        ("seed", 2**32),
+        ("data_seed", 10**23),
+        ("budget", 8),  # more than D = 7 at depth 3, as theory refuses it
         ("eval_contexts", 0),
     ],
 )
@@ -400,3 +403,20 @@ def test_from_dict_reads_a_config_saved_before_warmup_as_no_warmup():
     saved = {k: v for k, v in dataclasses.replace(TINY, **ORIGINAL_RECIPE).to_dict().items() if k != "warmup"}
     assert TrainConfig.from_dict(saved).warmup == 0.0
     assert TrainConfig.from_dict({"model": "B"}).warmup == RECIPE["warmup"]   # a partial dict: defaults
+
+
+def test_estimate_memory_counts_what_training_holds():
+    """The estimate is the float32 numbers of the evaluation set and the batch plus four copies of
+    the parameters (weights, gradients, two Adam moments): exact in its parts, and it grows with
+    every size flag of the CLI."""
+    from fvlib.train import build_model, estimate_memory
+
+    config = dataclasses.replace(TINY, queries=1)
+    D = 2**config.depth - 1
+    params = sum(p.numel() for p in build_model(config).parameters())
+    contexts = (config.eval_contexts + 3 * config.batch) * config.n_ctx * (D + 1) + 3 * config.batch * (D + 1)
+    assert estimate_memory(config) == 4.0 * (contexts + 4 * params)
+    for name, value in (("depth", 5), ("n_ctx", 64), ("batch", 64), ("queries", 8), ("width", 64)):
+        assert estimate_memory(dataclasses.replace(config, **{name: value})) > estimate_memory(config), name
+    wide = dataclasses.replace(config, arch="transformer", width=10**9)
+    assert estimate_memory(wide) == float("inf")  # too large for torch to describe

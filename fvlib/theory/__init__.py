@@ -28,7 +28,7 @@ from .adaptive_opt import (
     optimise_adaptive_policy,
     policy_rollout,
 )
-from .baselines import theory_baselines
+from .baselines import theory_baselines, theory_cost
 from .channel import FiniteSampleChannel, GaussianChannel, sample_statistic
 from .closed_forms import (
     DP_MAX_DEPTH,
@@ -48,7 +48,16 @@ from .closed_forms import (
     twin_finite_n_loss,
 )
 from .decoders import RadialDecoder, fit_radial_decoder
-from .dp import dp_no_repeat, dp_policy_tree, dp_value, greedy_value, optimal_actions, policy_value
+from .dp import (
+    MAX_DP_DEPTH,
+    MAX_DP_LAYERS,
+    dp_no_repeat,
+    dp_policy_tree,
+    dp_value,
+    greedy_value,
+    optimal_actions,
+    policy_value,
+)
 from .fits import DecayFit, fit_decay
 from .posteriors import (
     greedy_action,

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .._checks import check_int, check_number
+from .._checks import check_instance, check_int, check_number, check_seed
 from ..priors import TreePrior
 from ..stats import squared_error
 from .channel import FiniteSampleChannel
@@ -95,6 +95,7 @@ class AdaptivePolicy(nn.Module):
     def __init__(self, tree: TreePrior, n_layers: int, *, width: int = 64, hidden_layers: int = 2,
                  init_rows: torch.Tensor | None = None, greedy_start: bool = False):
         super().__init__()
+        check_instance("tree", tree, TreePrior)
         check_int("n_layers", n_layers, 1)
         check_int("width", width, 1)
         check_int("hidden_layers", hidden_layers, 1)
@@ -157,6 +158,8 @@ class FixedRows:
 
     def __init__(self, rows: torch.Tensor):
         self.rows = torch.as_tensor(rows, dtype=torch.float64)
+        if self.rows.ndim != 2:
+            raise ValueError(f"rows must have shape (L, D), got {tuple(self.rows.shape)}")
 
     def direction(self, step: int, phis: torch.Tensor, log_w: torch.Tensor, measured) -> torch.Tensor:
         return self.rows[step].expand(log_w.shape[0], -1)
@@ -176,12 +179,15 @@ def policy_rollout(tree: TreePrior, policy, channel, n_layers: int, tau2: float,
             rows are measured instead of the policy's (key patching, chapter 10).
     Differentiable in the policy's parameters.
     """
+    check_instance("tree", tree, TreePrior)
     check_int("n_layers", n_layers, 1)
     check_number("tau2", tau2, 0, low_open=True)
     if not isinstance(channel, FiniteSampleChannel):
         raise ValueError("policy_rollout needs a FiniteSampleChannel (one statistic per context), "
                          f"got {type(channel).__name__}")
     B, D = channel.g_hat.shape
+    if D != tree.dim:
+        raise ValueError(f"channel must hold statistics of D = {tree.dim} coordinates, got shape {(B, D)}")
     leaves = tree.leaf_thetas  # (J, D)
     log_w = uniform_log_weights(tree, B)
     measured = torch.zeros(B, D, dtype=torch.bool)
@@ -261,8 +267,10 @@ def optimise_adaptive_policy(
     to: no training, the better of the two is kept). Seeded: the same
     arguments give the same policy on CPU.
     """
+    check_instance("tree", tree, TreePrior)
     check_int("budget", budget, 1, tree.dim)
     check_number("tau2", tau2, 0, low_open=True)
+    check_seed("seed", seed)
     for name, value in (("steps", steps), ("batch", batch), ("validation", validation)):
         check_int(name, value, 1)
     check_number("lr", lr, 0, low_open=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from .._checks import check_budget, check_instance
 from ..priors import TreePrior
 from .closed_forms import (
     best_fixed_nodes,
@@ -22,7 +23,18 @@ from .closed_forms import (
 from .dp import dp_no_repeat, dp_value
 from .strategies import evaluate_strategies
 
-__all__ = ["theory_baselines"]
+__all__ = ["theory_baselines", "theory_cost"]
+
+# The calibration of theory_cost: seconds per unit of work on one core of the book's 2-core
+# machine (2026), and the work of the optimisers at their default settings.
+_SECONDS_PER_TOKEN = 110e-9  # drawing the statistic: per context and token (or coordinate)
+_SECONDS_PER_LEAF_STEP = 300e-9  # a strategy's posterior: per context, leaf and measurement
+_SECONDS_PER_DIRECTION_UNIT = 0.25e-9  # optimise_directions: per context, leaf and coordinate
+_SECONDS_PER_POLICY_UNIT = 150e-9  # optimise_adaptive_policy: per context, leaf and layer
+_SECONDS_PER_DP_OPERATION = 8e-8  # the DP: per operation of its cost formula (fvlib.theory.dp)
+_DIRECTION_STEPS, _DIRECTION_BATCH = 400, 1024  # optimise_directions' defaults
+_POLICY_CONTEXTS = 200 * 256 * 3 + 2 * 4000  # optimise_adaptive_policy: steps * batch * 3 + validation
+_DP_POINTS = 3 * 48  # observation points of one DP measurement (three centres, 48 Hermite nodes)
 
 
 def theory_baselines(
@@ -51,6 +63,8 @@ def theory_baselines(
     :func:`~fvlib.theory.closed_forms.best_fixed_nodes` and its exact noise-free loss) when ``best_coord``.
     The extra strategies are evaluated after the others, so they change none of their numbers.
     """
+    check_instance("tree", tree, TreePrior)
+    check_budget("budget", budget, tree.depth)
     tau2 = channel_tau2(tree, n_ctx, noise_std)
     names = ("adaptive_greedy", "nonadaptive_coord", "lmmse") + (("nonadaptive_opt",) if optimised else ())
     names += ("adaptive_opt",) if adaptive_opt else ()
@@ -73,3 +87,29 @@ def theory_baselines(
         out[f"{name}_stderr"] = e.stderr
     out["samples"] = samples
     return out
+
+
+def theory_cost(depth: int, n_ctx: int, budget: int, *, samples: int = 4000, optimised: bool = False,
+                dp: bool = False) -> tuple[float, float]:
+    """A rough cost of :func:`theory_baselines` (``optimised`` for both ``optimised`` and
+    ``adaptive_opt``): ``(seconds on one CPU core, peak bytes of memory)``, computed from the
+    sizes alone, before any work.
+
+    The terms: drawing the statistic (``samples (N + D)``), the posteriors of the strategies
+    (``samples 2^K M`` in time, ``samples (2^K + D + K)`` numbers and the ``D x D`` coordinate
+    matrix in memory), the two optimisers at their default settings, and the DP's operation
+    count of :mod:`fvlib.theory.dp`. Calibrated on the book's 2-core machine; against measured
+    runs from ``K = 3`` to ``12`` (up to 4 million samples; the optimisers from ``K = 4`` to
+    ``10`` and at ``K = 8, M = 30``) it is within a factor of about 2 in time and memory, which
+    is all the CLI needs to refuse a run that cannot finish or fit.
+    """
+    J, D = 2**depth, 2**depth - 1
+    seconds = _SECONDS_PER_TOKEN * samples * (n_ctx + D) + _SECONDS_PER_LEAF_STEP * samples * (J * budget + 40)
+    memory = 36.0 * samples * (J + D + depth) + 8.0 * D * D
+    if optimised:
+        seconds += _DIRECTION_STEPS * (5e-3 + _SECONDS_PER_DIRECTION_UNIT * _DIRECTION_BATCH * J * (D + budget))
+        seconds += _SECONDS_PER_POLICY_UNIT * _POLICY_CONTEXTS * J * budget
+        memory += 200.0 * J * 4000 + 320.0 * 256 * budget * (J + D) + 32.0 * J * D
+    if dp:
+        seconds += _SECONDS_PER_DP_OPERATION * depth * float(D * _DP_POINTS) ** (budget - 1) * (_DP_POINTS + J * J)
+    return seconds, memory

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import torch
 
-from .._checks import check_int
+from .._checks import check_instance, check_int, check_number, check_tensor
 from ..priors import Prior, TreePrior
 from ..task import check_task_args
 
@@ -36,12 +36,14 @@ __all__ = [
 
 def channel_tau2(prior: Prior, n_ctx: int, noise_std: float) -> float:
     """Gaussian-channel noise variance ``tau^2 = (E|theta|^2 + sigma^2) / N``."""
+    check_instance("prior", prior, Prior)
     check_task_args(n_ctx, noise_std)
     return (prior.energy + noise_std**2) / n_ctx
 
 
 def noisefree_adaptive_loss(tree: TreePrior, n_layers: int) -> float:
     """Adaptive greedy, no channel noise, ``L`` layers: ``sum_{k >= L} alpha^k`` (~ alpha^L)."""
+    _check_tree(tree)
     check_int("budget", n_layers, 1)
     return float(sum(tree.alpha**k for k in range(n_layers, tree.depth)))
 
@@ -53,6 +55,7 @@ def noisefree_nonadaptive_loss(tree: TreePrior, budget: int) -> float:
     Heap order is *not* the best fixed coordinate set (see :func:`best_fixed_nodes`); this
     is the loss of the ``nonadaptive_coord`` strategy without noise.
     """
+    _check_tree(tree)
     check_int("budget", budget, 1)
     if budget >= tree.dim:
         return 0.0
@@ -63,9 +66,19 @@ def noisefree_nonadaptive_loss(tree: TreePrior, budget: int) -> float:
 
 
 def _check_tree(tree) -> TreePrior:
-    if not isinstance(tree, TreePrior):
-        raise ValueError(f"tree must be a TreePrior, got {type(tree).__name__}")
-    return tree
+    return check_instance("tree", tree, TreePrior)
+
+
+def _variances(variances) -> torch.Tensor:
+    """``variances`` as a 1-D float64 tensor (a list or array is converted)."""
+    v = torch.as_tensor(variances, dtype=torch.float64)
+    if v.ndim != 1:
+        raise ValueError(f"variances must have shape (D,), got {tuple(v.shape)}")
+    return v
+
+
+def _check_tau2(tau2) -> float:
+    return check_number("tau2", tau2, 0)
 
 
 def _check_nodes(tree: TreePrior, nodes) -> torch.Tensor:
@@ -365,15 +378,27 @@ def gaussian_coordinate_loss(variances: torch.Tensor, budget: int, tau2: float) 
     ``sum(unmeasured v) + sum(measured v * tau2 / (v + tau2))``.
     """
     check_int("budget", budget, 1)
-    v = torch.sort(torch.as_tensor(variances, dtype=torch.float64), descending=True).values
+    _check_tau2(tau2)
+    v = torch.sort(_variances(variances), descending=True).values
     measured, unmeasured = v[:budget], v[budget:]
     return float(unmeasured.sum() + (measured * tau2 / (measured + tau2)).sum())
 
 
 def _noise_cov(W: torch.Tensor, tau2: float, noise_cov: torch.Tensor | None) -> torch.Tensor:
     if noise_cov is not None:
-        return noise_cov
-    return tau2 * torch.eye(W.shape[-2], dtype=torch.float64)
+        return check_tensor("noise_cov", noise_cov, (W.shape[0], W.shape[0]), "(M, M)")
+    return _check_tau2(tau2) * torch.eye(W.shape[-2], dtype=torch.float64)
+
+
+def _cov_and_rows(cov, W) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cov (D, D)`` and ``W (M, D)`` as float64 tensors, or ``ValueError`` naming the bad one."""
+    C = torch.as_tensor(cov, dtype=torch.float64)
+    if C.ndim != 2 or C.shape[0] != C.shape[1]:
+        raise ValueError(f"cov must have shape (D, D), got {tuple(C.shape)}")
+    W = torch.as_tensor(W, dtype=torch.float64)
+    if W.ndim != 2 or W.shape[1] != C.shape[0]:
+        raise ValueError(f"W must have shape (M, D) = (*, {C.shape[0]}), got {tuple(W.shape)}")
+    return C, W
 
 
 def gaussian_posterior_cov(cov: torch.Tensor, W: torch.Tensor, tau2: float, noise_cov=None) -> torch.Tensor:
@@ -384,8 +409,7 @@ def gaussian_posterior_cov(cov: torch.Tensor, W: torch.Tensor, tau2: float, nois
     singular ``C`` is fine. It does not depend on the observed ``phi``. Shapes: ``C (D, D)``,
     ``W (M, D)``; returns ``(D, D)``.
     """
-    C = torch.as_tensor(cov, dtype=torch.float64)
-    W = torch.as_tensor(W, dtype=torch.float64)
+    C, W = _cov_and_rows(cov, W)
     S = W @ C @ W.T + _noise_cov(W, tau2, noise_cov)
     K = torch.linalg.solve(S, W @ C).T  # C W^T S^-1, shape (D, M)
     post = C - K @ W @ C
@@ -394,11 +418,13 @@ def gaussian_posterior_cov(cov: torch.Tensor, W: torch.Tensor, tau2: float, nois
 
 def gaussian_posterior(cov, W, phi: torch.Tensor, tau2: float, noise_cov=None):
     """Posterior mean ``(B, D)`` and covariance ``(D, D)`` of a Gaussian prior given ``phi (B, M)``."""
-    C = torch.as_tensor(cov, dtype=torch.float64)
-    W = torch.as_tensor(W, dtype=torch.float64)
+    C, W = _cov_and_rows(cov, W)
     S = W @ C @ W.T + _noise_cov(W, tau2, noise_cov)
     gain = torch.linalg.solve(S, W @ C).T  # (D, M)
-    mean = torch.as_tensor(phi, dtype=torch.float64) @ gain.T
+    phi = torch.as_tensor(phi, dtype=torch.float64)
+    if phi.ndim != 2 or phi.shape[1] != W.shape[0]:
+        raise ValueError(f"phi must have shape (B, M) = (*, {W.shape[0]}), got {tuple(phi.shape)}")
+    mean = phi @ gain.T
     return mean, gaussian_posterior_cov(C, W, tau2, noise_cov)
 
 
@@ -411,7 +437,11 @@ def finite_n_covariance(theta: torch.Tensor, W: torch.Tensor, n_ctx: int, noise_
     """
     check_task_args(n_ctx, noise_std)
     theta = torch.as_tensor(theta, dtype=torch.float64)
+    if theta.ndim != 1:
+        raise ValueError(f"theta must have shape (D,), got {tuple(theta.shape)}")
     W = torch.as_tensor(W, dtype=torch.float64)
+    if W.ndim != 2 or W.shape[1] != theta.shape[0]:
+        raise ValueError(f"W must have shape (M, D) = (*, {theta.shape[0]}), got {tuple(W.shape)}")
     Wt = W @ theta
     return ((theta @ theta + noise_std**2) * (W @ W.T) + torch.outer(Wt, Wt)) / n_ctx
 
@@ -427,7 +457,10 @@ def twin_finite_n_loss(variances, budget: int, n_ctx: int, tau2: float) -> float
     (``v tau^2 / (v + tau^2)`` when the ``v/N`` term is dropped) and ``v`` per unmeasured one.
     ``variances`` has shape ``(D,)``.
     """
-    v = torch.sort(torch.as_tensor(variances, dtype=torch.float64).flatten(), descending=True).values
+    check_int("budget", budget, 1)
+    check_int("n_ctx", n_ctx, 1)
+    _check_tau2(tau2)
+    v = torch.sort(_variances(variances), descending=True).values
     m, rest = v[:budget], v[budget:]
     return float(rest.sum() + (m * (tau2 + m / n_ctx) / (m * (1 + 1 / n_ctx) + tau2)).sum())
 

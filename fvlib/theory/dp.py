@@ -34,13 +34,16 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from .._checks import check_int, check_number
+from .._checks import check_int, check_number, check_tensor
 from ..priors import TreePrior
 from .posteriors import greedy_action, leaf_values_at, posterior_probs, tree_posterior_variance, uniform_log_weights
 
-__all__ = ["dp_value", "dp_no_repeat", "greedy_value", "policy_value", "optimal_actions", "dp_policy_tree", "MAX_DP_DEPTH"]
+__all__ = ["dp_value", "dp_no_repeat", "greedy_value", "policy_value", "optimal_actions", "dp_policy_tree", "MAX_DP_DEPTH",
+           "MAX_DP_LAYERS"]
 
 MAX_DP_DEPTH = 3
+#: The most measurements the exact DP takes (its cost grows as ``(D P)^(L-1)``, see above).
+MAX_DP_LAYERS = 4
 #: The policies :func:`policy_value` evaluates.
 POLICIES = ("optimal", "no_repeat", "greedy", "nonadaptive")
 MAX_HERMITE_POINTS = 256
@@ -54,7 +57,7 @@ def _check(tree: TreePrior, n_layers: int, tau: float, quad_points: int, rule: s
         raise ValueError(f"the DP needs a TreePrior, got {tree!r}")
     if tree.depth > MAX_DP_DEPTH:
         raise ValueError(f"the exact DP supports tree depth <= {MAX_DP_DEPTH}, got depth {tree.depth}")
-    check_int("n_layers", n_layers, 1, min(4, tree.dim))
+    check_int("n_layers", n_layers, 1, min(MAX_DP_LAYERS, tree.dim))
     check_number("tau", tau, 0, low_open=True)
     if rule not in ("hermite", "grid"):
         raise ValueError(f"rule must be 'hermite' or 'grid', got {rule!r}")
@@ -234,6 +237,7 @@ def optimal_actions(tree: TreePrior, log_w: torch.Tensor, steps_left: int, tau: 
     when measuring ``a`` now and acting optimally afterwards (``steps_left`` measurements in all).
     """
     quad = _check(tree, steps_left, tau, quad_points, rule)
+    check_tensor("log_w", log_w, (None, tree.num_leaves), "(B, 2^K)")
     values = torch.stack(
         [_action_value(tree, log_w, a, steps_left, float(tau), quad, "optimal", 0) for a in range(tree.dim)], dim=1
     )
@@ -252,6 +256,8 @@ def dp_policy_tree(tree: TreePrior, n_layers: int, tau: float, phi_grid=None, qu
     """
     quad = _check(tree, n_layers, tau, quad_points, rule)
     grid = torch.linspace(-2.0, 2.0, 81, dtype=torch.float64) if phi_grid is None else torch.as_tensor(phi_grid, dtype=torch.float64)
+    if grid.ndim != 1 or grid.numel() < 1:
+        raise ValueError(f"phi_grid must be a non-empty 1-D grid, got shape {tuple(grid.shape)}")
     prior = uniform_log_weights(tree, 1)
     best, values = optimal_actions(tree, prior, n_layers, tau, *quad)
     return _policy_subtree(tree, prior, int(best[0]), float(values[0].min()), n_layers, float(tau), grid, quad)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .._checks import check_int
-from ..priors import TreePrior
+from .._checks import check_budget, check_instance, check_int, check_number, check_seed, check_tensor
+from ..priors import Prior, TreePrior
 from ..stats import mean_and_stderr, squared_error
 from .adaptive_opt import OptimisedPolicy, optimise_adaptive_policy
 from .channel import FiniteSampleChannel, GaussianChannel, sample_statistic
@@ -69,7 +69,7 @@ class Estimate:
 
     @classmethod
     def of(cls, values: torch.Tensor) -> "Estimate":
-        values = values.double().flatten()
+        values = torch.as_tensor(values, dtype=torch.float64).flatten()
         mean, stderr = mean_and_stderr(values)
         return cls(float(mean), float(stderr), values.numel())
 
@@ -104,9 +104,9 @@ def run_greedy(tree: TreePrior, channel, n_layers: int, tau2: float, forced: dic
         forced: optional ``{layer: nodes (B,)}`` with 1-based layers; at those layers the given
             nodes are measured instead of the greedy choice (the key-patching intervention).
     """
-    check_int("budget", n_layers, 1)
-    if n_layers > tree.dim:
-        raise ValueError(f"budget must be <= D = {tree.dim} for coordinate strategies, got {n_layers}")
+    check_instance("tree", tree, TreePrior)
+    check_budget("budget", n_layers, tree.depth)
+    check_instance("channel", channel, (FiniteSampleChannel, GaussianChannel))
     batch = _channel_batch(channel)
     log_w = uniform_log_weights(tree, batch)
     measured = torch.zeros(batch, tree.dim, dtype=torch.bool)
@@ -136,15 +136,17 @@ def nonadaptive_nodes(tree_or_dim, budget: int) -> torch.Tensor:
     This is the set of the ``nonadaptive_coord`` strategy. It is not the best fixed set of
     coordinates: see :func:`~fvlib.theory.closed_forms.best_fixed_nodes`.
     """
-    dim = tree_or_dim if isinstance(tree_or_dim, int) else tree_or_dim.dim
-    check_int("budget", budget, 1)
-    if budget > dim:
-        raise ValueError(f"budget must be <= D = {dim} for coordinate strategies, got {budget}")
+    if isinstance(tree_or_dim, TreePrior):
+        tree_or_dim = tree_or_dim.dim
+    dim = check_int("tree_or_dim", tree_or_dim, 1)
+    check_int("budget", budget, 1, dim)
     return torch.arange(budget)
 
 
 def bayes_decode_nodes(tree: TreePrior, nodes: torch.Tensor, phis: torch.Tensor, tau2: float) -> torch.Tensor:
     """Exact posterior mean ``(B, D)`` from coordinate measurements ``phis (B, M)`` at ``nodes (M,)``."""
+    check_tensor("nodes", nodes, (None,), "(M,)", integer=True)
+    check_tensor("phis", phis, (None, nodes.shape[0]), "(B, M)")
     nodes_b = nodes.expand(phis.shape[0], -1)
     log_w = log_likelihood_nodes(tree, nodes_b, phis, tau2)
     return tree_posterior_mean(tree, posterior_probs(log_w))
@@ -152,6 +154,10 @@ def bayes_decode_nodes(tree: TreePrior, nodes: torch.Tensor, phis: torch.Tensor,
 
 def lmmse_decode_nodes(variances: torch.Tensor, nodes: torch.Tensor, phis: torch.Tensor, tau2: float) -> torch.Tensor:
     """Linear decoding per coordinate: ``theta_hat_n = v_n / (v_n + tau2) phi_n`` on measured nodes."""
+    check_number("tau2", tau2, 0)
+    variances = check_tensor("variances", variances, (None,), "(D,)")
+    nodes = check_tensor("nodes", nodes, (None,), "(M,)", integer=True)
+    check_tensor("phis", phis, (None, nodes.shape[0]), "(B, M)")
     v = variances[nodes]
     theta_hat = torch.zeros(phis.shape[0], variances.shape[0], dtype=torch.float64)
     theta_hat[:, nodes] = phis * (v / (v + tau2))
@@ -160,6 +166,7 @@ def lmmse_decode_nodes(variances: torch.Tensor, nodes: torch.Tensor, phis: torch
 
 def orthonormal_rows(W: torch.Tensor) -> torch.Tensor:
     """Orthonormal basis ``(M, D)`` of the row space of ``W (M, D)`` (sign-fixed QR)."""
+    check_tensor("W", W, (None, None), "(M, D)")
     q, r = torch.linalg.qr(W.T)
     signs = torch.sign(torch.diagonal(r))
     signs = torch.where(signs == 0, torch.ones_like(signs), signs)
@@ -184,9 +191,12 @@ def optimise_directions(
     Monte Carlo Bayes risk under the Gaussian channel, with fresh samples every step (Adam).
     Starts from the first ``M`` heap-order coordinates plus noise. Returns ``Q (M, D)``.
     """
-    check_int("budget", budget, 1)
-    if budget > tree.dim:
-        raise ValueError(f"budget must be <= D = {tree.dim}, got {budget}")
+    check_instance("tree", tree, TreePrior)
+    check_budget("budget", budget, tree.depth)
+    check_number("tau2", tau2, 0, low_open=True)
+    for name, value in (("steps", steps), ("batch", batch)):
+        check_int(name, value, 1)
+    check_seed("seed", seed)
     gen = torch.Generator().manual_seed(seed)
     W = torch.zeros(budget, tree.dim, dtype=torch.float64)
     W[torch.arange(budget), torch.arange(budget)] = 1.0
@@ -230,8 +240,13 @@ def optimise_gaussian_rows(
     """
     if rows not in ("orthonormal", "unit"):
         raise ValueError(f"rows must be 'orthonormal' or 'unit', got {rows!r}")
-    check_int("budget", budget, 1, cov.shape[0])
     cov = torch.as_tensor(cov, dtype=torch.float64)
+    if cov.ndim != 2 or cov.shape[0] != cov.shape[1]:
+        raise ValueError(f"cov must have shape (D, D), got {tuple(cov.shape)}")
+    check_int("budget", budget, 1, cov.shape[0])
+    check_number("tau2", tau2, 0, low_open=True)
+    check_int("steps", steps, 1)
+    check_seed("seed", seed)
     gen = torch.Generator().manual_seed(seed)
     W = torch.eye(cov.shape[0], dtype=torch.float64)[:budget]
     W = W + init_noise * torch.randn(W.shape, generator=gen, dtype=torch.float64)
@@ -253,6 +268,8 @@ def mc_contexts(prior, samples: int, n_ctx: int, noise_std: float, seed: int, st
     With ``statistic=False`` the statistic is not drawn (``None``): the Gaussian channel does
     not need it, and drawing it costs ``O(N)`` per context.
     """
+    check_seed("seed", seed)
+    check_instance("prior", prior, Prior)
     gen = torch.Generator().manual_seed(seed)
     if isinstance(prior, TreePrior):
         signs = prior.sample_signs(samples, gen)
@@ -297,8 +314,11 @@ def evaluate_strategies(
         raise ValueError(f"unknown strategies {sorted(unknown)}; choose from {STRATEGIES}")
     if channel not in ("finite", "gaussian"):
         raise ValueError(f"channel must be 'finite' or 'gaussian', got {channel!r}")
+    check_instance("tree", tree, TreePrior)
     tau2 = channel_tau2(tree, n_ctx, noise_std)
-    check_int("budget", budget, 1)
+    check_budget("budget", budget, tree.depth)
+    check_int("samples", samples, 1)
+    check_seed("seed", seed)
     if nodes is not None:
         nodes = _check_nodes(tree, nodes)
         if nodes.numel() != budget:
