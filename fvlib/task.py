@@ -31,7 +31,7 @@ def make_generator(seed: int, device: str | torch.device = "cpu") -> torch.Gener
     """A seeded :class:`torch.Generator` (the only source of randomness in fvlib).
 
     Any seed torch takes, ``[0, 2^64 - 1]``: a seed a user gives is in ``[0, MAX_SEED]``
-    (:func:`fvlib._checks.check_seed`), the seeds derived from it add offsets to it.
+    (``fvlib._checks.check_seed``), the seeds derived from it add offsets to it.
     """
     check_int("seed", seed, 0, 2**64 - 1)
     return torch.Generator(device=device).manual_seed(seed)

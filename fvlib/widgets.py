@@ -466,7 +466,7 @@ class TrainingExplorer(Explorer):
     Runs are kept in ``run_dir_for(config, run_root)``; a run that exists (e.g. trained by a
     chapter) is shown at once, *Stop* checkpoints the run within a step and *Train* resumes it.
     The figure always shows the run's whole recorded curve, and while training also the
-    evaluations of :func:`live_eval_steps` (open markers): a first point after one step.
+    evaluations of ``live_eval_steps`` (open markers): a first point after one step.
 
     Attributes:
         progress: the tqdm (notebook) bar: between sessions the run's steps trained out of its
