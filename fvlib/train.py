@@ -652,8 +652,13 @@ def checkpoint_step(run_dir: str | os.PathLike) -> int:
 
 
 def _same_run(a: TrainConfig, b: TrainConfig) -> bool:
-    ignore = dict.fromkeys(RESUMABLE_FIELDS)
-    return replace(a, **{k: getattr(b, k) for k in ignore}) == b
+    """Whether ``a`` and ``b`` train the same run: equal up to :data:`RESUMABLE_FIELDS` and, as
+    in :func:`run_dir_for`, up to the warm-start fields of runs that do not warm-start (they
+    change nothing; e.g. a model B run saved when the defaults had a warm start)."""
+    same = {k: getattr(b, k) for k in RESUMABLE_FIELDS}
+    if not a.warm_starts and not b.warm_starts:
+        same.update(router_warm_start=b.router_warm_start, router_lr_scale=b.router_lr_scale)
+    return replace(a, **same) == b
 
 
 def _try_resume(
