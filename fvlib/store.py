@@ -59,8 +59,9 @@ from .stats import mean_and_stderr, squared_error
 from .theory.fits import fit_decay
 from .theory import (FiniteSampleChannel, channel_tau2, evaluate_strategies, noisefree_adaptive_loss,
                      noisefree_nodes_loss, best_fixed_nodes, run_greedy)
-from .train import (EVAL_SEED_OFFSET, IMITATION_RECIPE, RECIPE, TRANSFORMER_RECIPE, TrainConfig, _sample_eval_batches,
-                    build_prior, per_context_losses, resolve_device, run_dir_for, theory_reference, train)
+from .train import (EVAL_SEED_OFFSET, IMITATION_RECIPE, RECIPE, TRANSFORMER_RECIPE, TrainConfig,
+                    _sample_eval_batches, build_prior, per_context_losses, resolve_device, run_dir_for,
+                    theory_reference, train)
 from .workers import worker_pool
 
 __all__ = [
@@ -182,7 +183,8 @@ def _key(variant: str, config: TrainConfig) -> str:
 #: with :data:`~fvlib.train.IMITATION_RECIPE` (the imitation warm start), ``B`` and ``C`` RECIPE
 #: with :data:`STORED_WARM_START_FIELDS`.
 def _constrained(variant: str, steps: int = 3000, **task) -> TrainConfig:
-    recipe = {"A-scratch": RECIPE, "A-warm": IMITATION_RECIPE}.get(variant, {**RECIPE, **STORED_WARM_START_FIELDS})
+    recipe = {"A-scratch": RECIPE, "A-warm": IMITATION_RECIPE}.get(variant,
+                                                                  {**RECIPE, **STORED_WARM_START_FIELDS})
     model = variant.split("-")[0]
     return TrainConfig(model=model, steps=steps, eval_every=steps // 20, eval_contexts=2048,
                        checkpoint_every=500, data_seed=0, device="cpu", **recipe, **task)
