@@ -1,4 +1,4 @@
-"""Command-line interface: ``python -m fvlib theory|train|warm|patch|reproduce|experiment``.
+"""Command-line interface: ``python -m fvlib theory|train|gap|warm|patch|reproduce|experiment``.
 
 The contract (subcommands, flags, JSON keys) is the book's appendix *Conventions*, section "The command line".
 
@@ -140,8 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_task_args(train, ["tree", "gaussian-twin", "gaussian"])
     train.add_argument("--steps", type=_positive_int("--steps"), required=True)
-    # recipe options: None takes fvlib.train.recipe_for(--arch): the TrainConfig defaults (the
-    # recipe of chapter 8's last section) for constrained models, TRANSFORMER_RECIPE otherwise
+    # recipe options: None takes fvlib.train.recipe_for(--arch): the TrainConfig defaults (RECIPE,
+    # no teacher) for constrained models, TRANSFORMER_RECIPE otherwise; --imitation: IMITATION_RECIPE
     train.add_argument("--batch", type=_positive_int("--batch"), default=None, help="contexts per step (default 256; transformers 64)")
     train.add_argument("--lr", type=_number("--lr", 0.0, None, low_open=True), default=None,
                        help="peak learning rate (default 1e-2; transformers 2e-3)")
@@ -150,15 +150,27 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--queries", type=_positive_int("--queries"), default=None,
                        help="query tokens per training context (default 256; transformers 64)")
     train.add_argument("--width", type=_positive_int("--width"), default=None, help="MLP width, d_model for transformers (default 256; transformers 32)")
+    train.add_argument("--imitation", action="store_true",
+                       help="model A on the tree prior: start with the imitation warm start (its router "
+                            "first fitted to the greedy policy, fvlib.train.IMITATION_RECIPE); default: no teacher")
     train.add_argument("--router-warm-start", type=_integer("--router-warm-start", 0), default=None,
                        help="model A on the tree prior: steps fitting its router to the greedy policy "
-                            "before training (default 600; 0: none)")
+                            "before training (default 0: none; 600 with --imitation)")
     train.add_argument("--router-lr-scale", type=_number("--router-lr-scale", 0.0, 1.0, low_open=True), default=None,
                        help="a warm-started router's learning rate as a fraction of --lr (default 0.1)")
     train.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda, ...")
     train.add_argument("--out", required=True, help="run directory (resumed if it holds a checkpoint)")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     train.set_defaults(handler=_run_train)
+
+    gap = sub.add_parser("gap", help="how close a trained run of model A on the tree comes to the best "
+                                     "adaptive reference (chapter 8's gap table)")
+    gap.add_argument("--run", required=True, help="run directory written by 'train'")
+    gap.add_argument("--contexts", type=_integer("--contexts", 2), default=4000,
+                     help="task contexts, the same for the model and the references")
+    gap.add_argument("--seed", type=_integer("--seed", 0), default=0, help="seed of the contexts and the optimisation")
+    gap.add_argument("--json", action="store_true", help="print one JSON object")
+    gap.set_defaults(handler=_run_gap)
 
     _add_warm_parser(sub, "warm", "the same as 'experiment warm'")
     patch = sub.add_parser("patch", help="key-patching heatmap of a trained tree-prior run")
@@ -258,10 +270,13 @@ def _run_theory(args) -> dict:
 
 
 def _run_train(args) -> dict:
-    from .train import TrainConfig, recipe_for, train
+    from .train import IMITATION_RECIPE, TrainConfig, recipe_for, train
 
     _check_budget(args)
-    recipe = recipe_for(args.arch)  # flags given override the architecture's recipe
+    if args.imitation and (args.arch, args.model, args.prior) != ("constrained", "A", "tree"):
+        raise CliError(f"--imitation needs --arch constrained --model A --prior tree (the teacher is the greedy "
+                       f"policy of model A's router), got --arch {args.arch} --model {args.model} --prior {args.prior}")
+    recipe = dict(IMITATION_RECIPE) if args.imitation else recipe_for(args.arch)  # flags given override it
     recipe.update({k: getattr(args, k) for k in ("batch", "lr", "warmup", "queries", "width",
                                                   "router_warm_start", "router_lr_scale")
                    if getattr(args, k) is not None})
@@ -368,6 +383,52 @@ def _check_train_memory(config) -> None:
     where = "the GPU" if device.type == "cuda" else "this machine"
     raise CliError(f"{culprit}: training needs about {_size(memory)} of memory (estimated), more than the "
                    f"{_size(limit)} {where} has")
+
+
+#: The rows of ``gap --json``: mean excess losses on the same contexts (chapter 8's gap table).
+GAP_ROWS = ("model", "router_bayes", "adaptive_greedy_paired", "adaptive_opt_paired")
+
+
+def _finite_or_none(value):
+    """A float for JSON: ``None`` in place of NaN or an infinity (JSON has neither)."""
+    return value if math.isfinite(value) else None
+
+
+def _run_gap(args) -> dict:
+    """Chapter 8's gap table (:func:`fvlib.experiments.gap_table`) of a trained run of model A
+    on the tree prior: the model, its router with the exact Bayes decoder, and greedy and the
+    optimised adaptive policy on the model's own contexts; ``ratio``: the model over the
+    better of the two, context by context."""
+    from .experiments import gap_table
+    from .train import RunDirError, load_run
+
+    try:
+        model, config, _ = load_run(args.run)
+    except RunDirError as err:
+        raise CliError(f"--run: {err}") from None
+    if (config.arch, config.model, config.prior) != ("constrained", "A", "tree"):
+        raise CliError(f"gap needs a run of model A (--arch constrained) on the tree prior; {args.run} is "
+                       f"model {config.model} (--arch {config.arch}) on the {config.prior} prior")
+    table = gap_table(model, config, contexts=args.contexts, seed=args.seed)
+    best = table["best_paired"]
+    (ratio, ratio_se), (bayes_ratio, bayes_ratio_se) = table["ratios"]["model"], table["ratios"]["router_bayes"]
+    if args.json:
+        out = {row: _finite_or_none(table[row][0]) for row in GAP_ROWS}
+        out["stderr"] = {row: _finite_or_none(table[row][1]) for row in GAP_ROWS}
+        out["best_paired"] = best
+        for key, value in (("ratio", ratio), ("ratio_stderr", ratio_se), ("router_bayes_ratio", bayes_ratio),
+                           ("router_bayes_ratio_stderr", bayes_ratio_se)):
+            out[key] = _finite_or_none(value)
+        return {**out, "adaptive_opt_kind": table["adaptive_opt_kind"], "contexts": args.contexts,
+                "seed": args.seed}
+    names = {"model": "model A", "router_bayes": "its router + Bayes decoder",
+             "adaptive_greedy_paired": "greedy (paired)", "adaptive_opt_paired": "optimised adaptive (paired)"}
+    out = {names[row]: f"{table[row][0]:.4g} +- {table[row][1]:.2g}" + ("  (best paired)" if row == best else "")
+           for row in GAP_ROWS}
+    out["model / best paired"] = f"{ratio:.3g} +- {ratio_se:.2g}"
+    out["router + Bayes / best paired"] = f"{bayes_ratio:.3g} +- {bayes_ratio_se:.2g}"
+    out["contexts"] = f"{args.contexts} (seed {args.seed}), excess loss E|theta_hat - theta|^2"
+    return out
 
 
 def _run_warm(args) -> dict:

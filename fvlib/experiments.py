@@ -90,15 +90,15 @@ from .theory import (
     policy_value,
 )
 from .theory.adaptive_opt import GreedyRule
-from .train import ORIGINAL_RECIPE, RECIPE, TrainConfig, TrainResult, run_dir_for, train
+from .train import IMITATION_RECIPE, ORIGINAL_RECIPE, TrainConfig, TrainResult, run_dir_for, train
 from .workers import worker_pool
 
 __all__ = [
     "shared_configs",
     "train_all",
     "train_parallel",
-    "NEW_RECIPE_STEPS",
-    "new_recipe_config",
+    "IMITATION_STEPS",
+    "imitation_config",
     "TRANSFORMER_CHAPTER",
     "transformer_chapter_configs",
     "SHARED_SEEDS",
@@ -217,15 +217,16 @@ def train_parallel(work: Sequence, jobs: int = 2, root=None) -> dict[str, float]
     return out
 
 
-#: Training steps of chapter 8's new-recipe model A (:func:`new_recipe_config`).
-NEW_RECIPE_STEPS = 3000
+#: Training steps of chapter 8's imitation run of model A (:func:`imitation_config`).
+IMITATION_STEPS = 3000
 
 
-def new_recipe_config(base: TrainConfig) -> TrainConfig:
-    """Chapter 8's model A with the training recipe :data:`fvlib.train.RECIPE`: ``base`` (the
-    shared run of model A, at ``K = 5`` or, in the chapter's ``FULL`` setting, ``K = 6``) with
-    that recipe and :data:`NEW_RECIPE_STEPS` steps."""
-    return replace(base, steps=NEW_RECIPE_STEPS, **RECIPE)
+def imitation_config(base: TrainConfig) -> TrainConfig:
+    """Chapter 8's model A after the imitation warm start: ``base`` (the shared run of model A,
+    at ``K = 5`` or, in the chapter's ``FULL`` setting, ``K = 6``) with the recipe
+    :data:`fvlib.train.IMITATION_RECIPE` (its router first fitted to the greedy policy) and
+    :data:`IMITATION_STEPS` steps."""
+    return replace(base, steps=IMITATION_STEPS, **IMITATION_RECIPE)
 
 
 #: The standard-transformer runs of chapter 11, as a dict with the task (``task``), the
@@ -262,7 +263,7 @@ def warm_work() -> list:
 
     The runs chapters 5 and 7 to 11 train, each exactly as the chapter trains it (one thread):
     the batch of chapter 8's seeds 1 and 2 of the shared runs (:func:`seed_plan` with
-    :data:`SHARED_SEEDS`), chapter 8's new-recipe model A (:func:`new_recipe_config`), the six
+    :data:`SHARED_SEEDS`), chapter 8's imitation run of model A (:func:`imitation_config`), the six
     shared runs alone (model A first) and chapter 11's transformers
     (:func:`transformer_chapter_configs`): the longest first. (Chapter 8's depth sweep is a
     stored experiment, ``depth-sweep-k6`` of :mod:`fvlib.store`, which no page build trains.)
@@ -270,7 +271,7 @@ def warm_work() -> list:
     shared = shared_configs()
     _, _, seeds_batch = seed_plan(shared, SHARED_SEEDS)
     alone = sorted(shared.values(), key=lambda c: "ABC".index(c.model))
-    return [[c for _, c in seeds_batch], new_recipe_config(shared[("A", "tree")]), *alone,
+    return [[c for _, c in seeds_batch], imitation_config(shared[("A", "tree")]), *alone,
             *transformer_chapter_configs()]
 
 

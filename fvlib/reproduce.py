@@ -2,8 +2,9 @@
 
 Full mode uses the book's reference configuration (chapter 6, *Tree prior*, section "The
 reference configuration": tree K = 6, alpha = 0.5, N = 128, M = 6, 3000 training steps);
-``quick`` mode a small one (K = 3, M = 3, 150 steps, no router warm start) that runs in about
-a minute on a laptop and is what the tests exercise. Files written to ``out_dir``:
+``quick`` mode a small one (K = 3, M = 3, 150 steps) that runs in about a minute on a laptop
+and is what the tests exercise. Both train with the :class:`~fvlib.train.TrainConfig` defaults
+(:data:`fvlib.train.RECIPE`: no teacher). Files written to ``out_dir``:
 
 * ``theory.json`` -- :func:`fvlib.theory.theory_baselines` (with optimised directions);
 * ``dp.json`` -- DP and greedy values on a K = 3 tree (tau = 0.3 and 0.6);
@@ -66,12 +67,10 @@ def reproduce(out_dir, quick: bool = False, seed: int = 0, progress: bool = True
     written["dp"] = _write(out_dir, "dp.json", dp)
 
     models, runs = {}, {}
-    smoke = {"router_warm_start": 0} if quick else {}  # 600 warm-start steps would dwarf 150 steps
     for prior in ("tree", "gaussian-twin"):
         for kind in ("A", "B", "C"):
             config = TrainConfig(model=kind, prior=prior, depth=cfg.depth, alpha=cfg.alpha, n_ctx=cfg.n_ctx,
-                                 budget=cfg.budget, steps=cfg.steps, seed=seed, eval_every=max(cfg.steps // 10, 1),
-                                 **smoke)
+                                 budget=cfg.budget, steps=cfg.steps, seed=seed, eval_every=max(cfg.steps // 10, 1))
             result = train(config, out_dir=run_dir_for(config, out_dir / "runs"), progress=progress)
             runs[(kind, prior)] = result
             comparison = compare_with_theory(result.model, config, contexts=cfg.contexts, seed=seed)

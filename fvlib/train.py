@@ -73,6 +73,7 @@ __all__ = [
     "WARM_START_LR",
     "TrainConfig",
     "RECIPE",
+    "IMITATION_RECIPE",
     "ORIGINAL_RECIPE",
     "TRANSFORMER_RECIPE",
     "recipe_for",
@@ -124,12 +125,21 @@ class TrainingDiverged(ValueError):
 # ----------------------------------------------------------------------------------------
 #: The training recipe of the :class:`TrainConfig` defaults (and so of ``python -m fvlib
 #: train``), found in chapter 8's section on closing the gap to the adaptive references: peak
-#: learning rate, warm-up fraction, query tokens per context, MLP width, and for model A on the
-#: tree prior a router warm-started at the greedy coordinate policy (``router_warm_start``
-#: regression steps, :mod:`fvlib.warm_start`) that then trains at ``router_lr_scale`` times
-#: the learning rate.
-RECIPE = {"lr": 1e-2, "warmup": 0.05, "queries": 256, "width": 256, "router_warm_start": 600,
+#: learning rate, warm-up fraction, query tokens per context, MLP width. It has no teacher:
+#: nothing computed from a theory policy (greedy, the optimised adaptive policy, DP) enters
+#: training, every model starts from its random initialisation (``router_warm_start = 0``).
+#: ``router_lr_scale`` acts only with a warm start (:attr:`TrainConfig.warm_starts`); it is
+#: the scale :data:`IMITATION_RECIPE` trains its router at.
+RECIPE = {"lr": 1e-2, "warmup": 0.05, "queries": 256, "width": 256, "router_warm_start": 0,
           "router_lr_scale": 0.1}
+
+#: :data:`RECIPE` with an **imitation** warm start: for model A on the tree prior, before
+#: training, ``router_warm_start`` regression steps fit its router to the greedy coordinate
+#: policy (:mod:`fvlib.warm_start`: the router is *shown* greedy's choices), which then trains
+#: at ``router_lr_scale`` times the learning rate. Other runs ignore the two fields
+#: (:attr:`TrainConfig.warm_starts`). Chapter 8 uses it to tell what model A can represent
+#: from what it learns (``python -m fvlib train --imitation``).
+IMITATION_RECIPE = {**RECIPE, "router_warm_start": 600, "router_lr_scale": 0.1}
 
 #: Learning rate of the router warm start (:func:`fvlib.warm_start.warm_start_router`).
 WARM_START_LR = 1e-2
@@ -154,8 +164,9 @@ class TrainConfig:
             :meth:`warm_starts`): before training, this many steps fit its router to the
             greedy coordinate policy (:func:`fvlib.warm_start.warm_start_router`, ``batch``
             contexts a step, drawn with ``effective_data_seed + WARM_START_SEED_OFFSET``, so
-            the training contexts are those of a run without warm start); ``0``, the book's
-            original recipe, starts from the random initialisation.
+            the training contexts are those of a run without warm start): the imitation
+            start of :data:`IMITATION_RECIPE`. ``0``, the default (:data:`RECIPE`, and the
+            book's original recipe), starts from the random initialisation: no teacher.
         router_lr_scale: with a warm start, the router (every ``blocks.*`` parameter) trains
             at ``router_lr_scale * lr_at(step)``; ignored without one.
         seed: seeds the model initialisation, and the data when ``data_seed`` is ``None``.
@@ -667,8 +678,13 @@ def checkpoint_step(run_dir: str | os.PathLike) -> int:
 
 
 def _same_run(a: TrainConfig, b: TrainConfig) -> bool:
-    ignore = dict.fromkeys(RESUMABLE_FIELDS)
-    return replace(a, **{k: getattr(b, k) for k in ignore}) == b
+    """Whether ``a`` and ``b`` train the same run: equal up to :data:`RESUMABLE_FIELDS` and, as
+    in :func:`run_dir_for`, up to the warm-start fields of runs that do not warm-start (they
+    change nothing; e.g. a model B run saved when the defaults had a warm start)."""
+    same = {k: getattr(b, k) for k in RESUMABLE_FIELDS}
+    if not a.warm_starts and not b.warm_starts:
+        same.update(router_warm_start=b.router_warm_start, router_lr_scale=b.router_lr_scale)
+    return replace(a, **same) == b
 
 
 def _try_resume(

@@ -1,11 +1,13 @@
-"""Warm start of model A's router at the greedy coordinate policy (chapter 8, *Experiments*,
-section "How close does model A come to the best adaptive reference?"; the book's appendix
-*Conventions*, section "Training").
+"""The imitation warm start: model A's router fitted to the greedy coordinate policy (chapter
+8, *Experiments*, section "How close does model A come to the best adaptive reference?"; the
+book's appendix *Conventions*, section "Training").
 
 Trained from a random start, model A's router settles on mixed directions that its decoder
-can read but that lose to the greedy coordinate policy. The training recipe
-(:data:`fvlib.train.RECIPE`) therefore first fits the router to that policy by regression, then
-trains the whole model on the query loss as usual, the router at a reduced learning rate.
+can read but that lose to the greedy coordinate policy. The imitation recipe
+(:data:`fvlib.train.IMITATION_RECIPE`; not the default :data:`fvlib.train.RECIPE`, which has no
+teacher) first fits the router to that policy by regression, then trains the whole model on
+the query loss as usual, the router at a reduced learning rate: it measures how well model A
+can *represent* greedy once shown it, not what it learns alone.
 
 The fit is teacher-forced: on a context with statistic ``g_hat``, the greedy rule
 (:class:`fvlib.theory.adaptive_opt.GreedyRule`, run by

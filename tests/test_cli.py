@@ -141,8 +141,7 @@ def test_train_transformer_defaults_are_the_transformer_recipe(tmp_path):
 
 
 def test_train_router_warm_start_flags(tmp_path):
-    """Model A on the tree warm-starts its router by default; the two flags set the recipe's
-    router fields, and 0 steps turn the warm start off."""
+    """The two flags set the recipe's router fields, and 0 steps turn the warm start off."""
     from fvlib.train import load_run
 
     common = ["train", "--model", "A", "--depth", "2", "--n-ctx", "8", "--budget", "2", "--steps", "3",
@@ -154,6 +153,45 @@ def test_train_router_warm_start_flags(tmp_path):
     out = run_cli(*common, "--out", str(tmp_path / "b"), "--router-warm-start", "0")
     assert out.returncode == 0, out.stderr
     assert not load_run(tmp_path / "b")[1].warm_starts
+
+
+def test_train_has_no_teacher_by_default_and_short_runs_train_their_steps(tmp_path, monkeypatch):
+    """`train` with its defaults has no teacher: a K = 3 model A on the tree with --steps 40
+    fits no warm start and takes exactly 40 optimiser steps. --imitation turns on the
+    imitation warm start (IMITATION_RECIPE's 600 regression steps, here spied on, not run),
+    and each run's config.json says which start it had."""
+    import fvlib.train as train_module
+    from fvlib.cli import main
+    from fvlib.train import IMITATION_RECIPE, load_run
+
+    warm_starts, steps = [], []
+    real_step = train_module.training_step
+    monkeypatch.setattr(train_module, "warm_start_router", lambda *a, **kw: warm_starts.append(kw["steps"]))
+    monkeypatch.setattr(train_module, "training_step", lambda *a, **kw: steps.append(1) or real_step(*a, **kw))
+    common = ["train", "--model", "A", "--depth", "3", "--n-ctx", "32", "--budget", "3", "--steps", "40",
+              "--batch", "32", "--queries", "16", "--width", "32", "--device", "cpu", "--no-progress", "--json"]
+    assert main([*common, "--out", str(tmp_path / "plain")]) == 0
+    assert warm_starts == [] and len(steps) == 40
+    saved = json.loads((tmp_path / "plain" / "config.json").read_text())["train"]
+    assert (saved["router_warm_start"], saved["lr"], saved["warmup"]) == (0, 1e-2, 0.05)
+    assert not load_run(tmp_path / "plain")[1].warm_starts
+    steps.clear()
+    assert main([*common, "--imitation", "--out", str(tmp_path / "imitation")]) == 0
+    assert warm_starts == [IMITATION_RECIPE["router_warm_start"]] == [600] and len(steps) == 40
+    saved = json.loads((tmp_path / "imitation" / "config.json").read_text())["train"]
+    assert (saved["router_warm_start"], saved["router_lr_scale"]) == (600, 0.1)
+    assert load_run(tmp_path / "imitation")[1].warm_starts
+
+
+@pytest.mark.parametrize("args", [["--model", "B"], ["--model", "A", "--prior", "gaussian-twin"],
+                                  ["--model", "A", "--arch", "transformer"]])
+def test_train_imitation_elsewhere_than_model_a_on_the_tree_is_one_line(tmp_path, args):
+    out = run_cli("train", *args, "--imitation", "--depth", "2", "--n-ctx", "8", "--budget", "2", "--steps", "5",
+                  "--out", str(tmp_path / "r"), "--no-progress")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr and "--imitation" in lines[0]
+    assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.parametrize("flag, value", [("--router-warm-start", "-1"), ("--router-warm-start", "x"),

@@ -165,6 +165,40 @@ def test_every_stored_result_loads_and_its_configs_build(name):
         assert record["converged"] == store.converged(record["history"], config.steps)
 
 
+@pytest.mark.parametrize("name", STORED)
+def test_the_catalogue_defines_every_stored_run_with_its_stored_config(name):
+    """A recipe change must not rename or redefine a stored run: every run of
+    results/NAME.json has a key of the catalogue, and the catalogue's config of that key is the
+    stored one field by field (a run the store retrained with doubled steps stores the doubled
+    schedule), written out here rather than through store._same_config."""
+    stored = json.loads((RESULTS / f"{name}.json").read_text())["runs"]
+    defined = {r.key: r.config.to_dict() for r in store.get_experiment(name).runs}
+    assert stored and set(stored) <= set(defined), sorted(set(stored) - set(defined))
+    for key, record in stored.items():
+        want = defined[key]
+        factor = record["config"]["steps"] // want["steps"]
+        assert factor in (1, 2, 4, 8), key
+        want = {**want, "steps": want["steps"] * factor, "eval_every": want["eval_every"] * factor}
+        assert record["config"] == want, key
+
+
+def test_the_store_names_its_recipes():
+    """A-scratch has no teacher (RECIPE), A-warm the imitation warm start; B, C and the
+    transformers keep the warm-start fields they were stored with, which act on nothing."""
+    from fvlib.train import IMITATION_RECIPE, RECIPE
+
+    for name in store.experiment_names():
+        for r in store.get_experiment(name).runs:
+            c = r.config
+            if r.variant == "A-scratch":
+                assert {k: getattr(c, k) for k in RECIPE} == RECIPE and not c.warm_starts
+            elif r.variant == "A-warm":
+                assert {k: getattr(c, k) for k in IMITATION_RECIPE} == IMITATION_RECIPE
+                assert c.warm_starts == (c.prior == "tree")
+            else:
+                assert c.router_warm_start == IMITATION_RECIPE["router_warm_start"] and not c.warm_starts
+
+
 def test_last_fifth_drop_is_the_relative_fall():
     hist = [{"step": s, "eval_excess_loss": v} for s, v in zip(range(0, 101, 20), [1, 0.5, 0.3, 0.2, 0.1, 0.09])]
     assert store.last_fifth_drop(hist, 100) == pytest.approx(0.1)

@@ -11,6 +11,7 @@ from fvlib import make_prior
 from fvlib.models import make_model
 from fvlib.train import (
     EVAL_SEED_OFFSET,
+    IMITATION_RECIPE,
     ORIGINAL_RECIPE,
     RECIPE,
     RunDirError,
@@ -121,12 +122,18 @@ def test_warmup_must_be_a_fraction(bad):
         dataclasses.replace(TINY, warmup=bad)
 
 
-def test_default_recipe_and_the_original_one():
-    """The defaults are the recipe of chapter 8's closing section; ORIGINAL_RECIPE is the old one."""
+def test_default_recipe_the_imitation_one_and_the_original_one():
+    """The defaults are the recipe of chapter 8's closing section, with no teacher (model A on
+    the tree does not warm-start); IMITATION_RECIPE adds the imitation warm start;
+    ORIGINAL_RECIPE is the old one."""
     default = TrainConfig()
+    assert (default.model, default.prior, default.arch) == ("A", "tree", "constrained")
     assert (default.lr, default.warmup, default.queries, default.width) == (1e-2, 0.05, 256, 256)
-    assert (default.router_warm_start, default.router_lr_scale) == (600, 0.1) and default.warm_starts
+    assert default.router_warm_start == 0 and not default.warm_starts
     assert {k: getattr(default, k) for k in RECIPE} == RECIPE and set(RECIPE) == set(ORIGINAL_RECIPE)
+    imitation = TrainConfig(**IMITATION_RECIPE)
+    assert (imitation.router_warm_start, imitation.router_lr_scale) == (600, 0.1) and imitation.warm_starts
+    assert IMITATION_RECIPE == {**RECIPE, "router_warm_start": 600, "router_lr_scale": 0.1}
     assert ORIGINAL_RECIPE == {"lr": 3e-3, "warmup": 0.0, "queries": 64, "width": 128,
                                "router_warm_start": 0, "router_lr_scale": 1.0}
     old = TrainConfig(**ORIGINAL_RECIPE)

@@ -316,14 +316,16 @@ def test_warm_work_is_what_chapter_8_trains():
 
 def test_chapter_run_configs_are_the_chapters_runs():
     """The configs that `python -m fvlib warm` trains ahead are those chapters 8 and 11 train:
-    the new-recipe model A (RECIPE, 3000 steps) and the twelve standard transformers."""
-    from fvlib.experiments import (TRANSFORMER_CHAPTER, new_recipe_config,
+    the imitation run of model A (IMITATION_RECIPE, 3000 steps) and the twelve standard
+    transformers."""
+    from fvlib.experiments import (TRANSFORMER_CHAPTER, imitation_config,
                                    transformer_chapter_configs)
-    from fvlib.train import RECIPE
+    from fvlib.train import IMITATION_RECIPE
 
     base = shared_configs()[("A", "tree")]
-    new = new_recipe_config(base)
-    assert new.steps == 3000 and {k: getattr(new, k) for k in RECIPE} == RECIPE and new.warm_starts
+    new = imitation_config(base)
+    assert new.steps == 3000 and new.warm_starts
+    assert {k: getattr(new, k) for k in IMITATION_RECIPE} == IMITATION_RECIPE
     assert dataclasses.replace(new, steps=base.steps, **ORIGINAL_RECIPE) == base
     configs = transformer_chapter_configs()
     assert len(configs) == 6 * len(TRANSFORMER_CHAPTER["seeds"])

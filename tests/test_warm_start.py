@@ -86,6 +86,23 @@ def test_router_fields_name_the_run_only_where_they_act():
     assert run_dir_for(SMALL, "r") != run_dir_for(dataclasses.replace(SMALL, router_warm_start=100), "r")
 
 
+def test_a_run_that_does_not_warm_start_resumes_whatever_its_warm_start_fields(tmp_path):
+    """A model B run saved when the defaults had a warm start (600 steps, scale 0.1: inert for
+    B) is the run of the same config under the teacher-free defaults: same directory, reloaded
+    rather than refused. Where the fields act (model A on the tree) a change is refused."""
+    from fvlib.train import RunDirError
+
+    old_b = dataclasses.replace(SMALL, model="B", steps=5, router_warm_start=600, router_lr_scale=0.1)
+    new_b = dataclasses.replace(old_b, router_warm_start=0, router_lr_scale=1.0)
+    assert run_dir_for(old_b, "r") == run_dir_for(new_b, "r")
+    first = train(old_b, out_dir=tmp_path / "b", progress=False)
+    again = train(new_b, out_dir=tmp_path / "b", progress=False)
+    assert again.final_loss == first.final_loss and again.history == first.history
+    train(dataclasses.replace(SMALL, steps=5), out_dir=tmp_path / "a", progress=False, until_step=2)
+    with pytest.raises(RunDirError, match="different config"):
+        train(dataclasses.replace(SMALL, steps=5, router_warm_start=0), out_dir=tmp_path / "a", progress=False)
+
+
 def test_configs_saved_before_the_warm_start_load_without_it():
     saved = {k: v for k, v in SMALL.to_dict().items() if k not in ("router_warm_start", "router_lr_scale")}
     assert TrainConfig.from_dict(saved).router_warm_start == 0
