@@ -113,7 +113,7 @@ TINY_SWEEP = dict(depth=2, alpha=0.5, n_ctx=16, steps=4, batch=8, queries=4, wid
 def test_seed_configs_keep_the_data_and_the_own_seed_run():
     from fvlib.experiments import seed_configs
 
-    base = TrainConfig(**TINY_SWEEP)
+    base = TrainConfig(budget=2, **TINY_SWEEP)
     cfgs = seed_configs(base, [0, 1, 2])
     assert cfgs[0] is base and run_dir_for(cfgs[0]) == run_dir_for(base)
     assert [c.seed for c in cfgs] == [0, 1, 2] and all(c.effective_data_seed == 0 for c in cfgs)
@@ -126,14 +126,14 @@ def test_seed_configs_reject_bad_seeds(seeds, message):
     from fvlib.experiments import seed_configs
 
     with pytest.raises(ValueError, match=message):
-        seed_configs(TrainConfig(**TINY_SWEEP), seeds)
+        seed_configs(TrainConfig(budget=2, **TINY_SWEEP), seeds)
 
 
 def test_train_seeds_trains_the_own_seed_alone_and_the_others_batched(tmp_path, monkeypatch):
     from fvlib.experiments import final_losses, train_seeds
 
     monkeypatch.setenv("FVLIB_RUN_ROOT", str(tmp_path))
-    configs = {"a": TrainConfig(**TINY_SWEEP), "b": TrainConfig(model="B", **TINY_SWEEP)}
+    configs = {"a": TrainConfig(budget=2, **TINY_SWEEP), "b": TrainConfig(model="B", budget=2, **TINY_SWEEP)}
     out = train_seeds(configs, [0, 1, 2], progress=False)
     assert set(out) == {"a", "b"} and [r.config.seed for r in out["a"]] == [0, 1, 2]
     alone = train_all({"a": configs["a"]}, progress=False)["a"]  # reloaded: bitwise the same
@@ -153,7 +153,7 @@ def test_train_seeds_alone_names_the_own_seed_runs_trained_alone(tmp_path, monke
     from fvlib.train import train
 
     monkeypatch.setenv("FVLIB_RUN_ROOT", str(tmp_path))
-    configs = {"a": TrainConfig(**TINY_SWEEP), "b": TrainConfig(model="B", **TINY_SWEEP)}
+    configs = {"a": TrainConfig(budget=2, **TINY_SWEEP), "b": TrainConfig(model="B", budget=2, **TINY_SWEEP)}
     out = train_seeds(configs, [0, 1], progress=False, alone=["a"])
     assert out["a"][0].history == train_all({"a": configs["a"]}, progress=False)["a"].history
     solo_b = train(configs["b"], progress=False)
