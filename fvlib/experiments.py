@@ -88,9 +88,11 @@ from .theory import (
     noisefree_nodes_loss,
     noisefree_nonadaptive_loss,
     policy_value,
+    run_greedy,
 )
 from .theory.adaptive_opt import GreedyRule
-from .train import IMITATION_RECIPE, ORIGINAL_RECIPE, TrainConfig, TrainResult, run_dir_for, train
+from .train import (IMITATION_RECIPE, ORIGINAL_RECIPE, TrainConfig, TrainResult, _sample_eval_batches,
+                    build_prior, per_context_losses, run_dir_for, train)
 from .workers import worker_pool
 
 __all__ = [
@@ -130,6 +132,7 @@ __all__ = [
     "router_bayes_decode",
     "router_policy_alignment",
     "paired_ratio",
+    "greedy_paired",
     "gap_table",
 ]
 
@@ -894,6 +897,37 @@ def paired_ratio(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     ratio = float(a.mean() / b.mean())
     residual = a - ratio * b
     return ratio, float(residual.std() / (math.sqrt(a.numel()) * b.mean()))
+
+
+def greedy_paired(model, config: TrainConfig, *, contexts: int, seed: int) -> dict:
+    """A trained model of a tree-prior run against the greedy policy on the *same* contexts.
+
+    The contexts are those of :func:`fvlib.train.evaluate` with the same ``contexts`` and ``seed``
+    (so ``greedy_loss`` sits beside the model's ``evaluate`` loss, context by context). Returns
+    ``{"model_loss", "model_stderr", "greedy_loss", "greedy_stderr", "ratio", "ratio_stderr",
+    "contexts"}``: ``ratio`` is the model's loss over greedy's with the standard error of the
+    paired ratio (:func:`paired_ratio`).
+    """
+    if config.prior != "tree":
+        raise ValueError(f"greedy_paired needs a tree prior, got {config.prior!r}")
+    check_int("contexts", contexts, 2)
+    check_seed("seed", seed)
+    tree = build_prior(config)
+    batches = _sample_eval_batches(tree, config.n_ctx, config.noise_std, contexts, seed)
+    errors = per_context_losses(model, batches)[0]
+    tau2 = channel_tau2(tree, config.n_ctx, config.noise_std)
+    greedy = []
+    for b in batches:
+        g_hat = b.to("cpu", torch.float64).sufficient_statistic()
+        theta_hat = run_greedy(tree, FiniteSampleChannel(g_hat), config.budget, tau2).theta_hat
+        greedy.append(squared_error(theta_hat, b.theta.double()))
+    greedy = torch.cat(greedy)
+    model_mean, model_se = mean_and_stderr(errors)
+    mean, se = mean_and_stderr(greedy)
+    ratio, ratio_se = paired_ratio(errors, greedy)
+    return {"model_loss": float(model_mean), "model_stderr": float(model_se), "greedy_loss": float(mean),
+            "greedy_stderr": float(se), "ratio": ratio, "ratio_stderr": ratio_se,
+            "contexts": int(errors.numel())}
 
 
 def gap_table(model, config: TrainConfig, *, contexts: int = 4000, seed: int = 0, policy=None,

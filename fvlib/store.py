@@ -52,16 +52,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .experiments import gap_table, paired_ratio
+from .experiments import gap_table, greedy_paired
 from .batched import train_many
 from .priors import TreePrior
-from .stats import mean_and_stderr, squared_error
 from .theory.fits import fit_decay
-from .theory import (FiniteSampleChannel, channel_tau2, evaluate_strategies, noisefree_adaptive_loss,
-                     noisefree_nodes_loss, best_fixed_nodes, run_greedy)
-from .train import (EVAL_SEED_OFFSET, IMITATION_RECIPE, RECIPE, TRANSFORMER_RECIPE, TrainConfig,
-                    _sample_eval_batches, build_prior, per_context_losses, resolve_device, run_dir_for,
-                    theory_reference, train)
+from .theory import channel_tau2, evaluate_strategies, noisefree_adaptive_loss, noisefree_nodes_loss, best_fixed_nodes
+from .train import (EVAL_SEED_OFFSET, IMITATION_RECIPE, RECIPE, TRANSFORMER_RECIPE, TrainConfig, resolve_device,
+                    run_dir_for, theory_reference, train)
 from .workers import worker_pool
 
 __all__ = [
@@ -387,29 +384,11 @@ def provenance(device: str, wall: float, cpu: float, code: dict | None = None) -
 # ----------------------------------------------------------------------------------------
 # Per-run analysis (in the worker, while the model is in memory)
 # ----------------------------------------------------------------------------------------
-def _eval_errors(model, config: TrainConfig) -> tuple[torch.Tensor, list]:
-    """Per-context excess losses ``(eval_contexts,)`` of ``model`` on its evaluation set, and
-    the set's batches (on the CPU)."""
-    batches = _sample_eval_batches(build_prior(config), config.n_ctx, config.noise_std, config.eval_contexts,
-                                   config.effective_data_seed + EVAL_SEED_OFFSET)
-    return per_context_losses(model, batches)[0], batches
-
-
 def _greedy_paired(model, config: TrainConfig) -> dict:
     """The model against the greedy policy on the model's own evaluation contexts."""
-    errors, batches = _eval_errors(model, config)
-    tree = build_prior(config)
-    tau2 = channel_tau2(tree, config.n_ctx, config.noise_std)
-    greedy = []
-    for b in batches:
-        g_hat = b.to("cpu", torch.float64).sufficient_statistic()
-        theta_hat = run_greedy(tree, FiniteSampleChannel(g_hat), config.budget, tau2).theta_hat
-        greedy.append(squared_error(theta_hat, b.theta.double()))
-    greedy = torch.cat(greedy)
-    mean, se = mean_and_stderr(greedy)
-    ratio, ratio_se = paired_ratio(errors, greedy)
-    return {"greedy_loss": float(mean), "greedy_stderr": float(se), "ratio": ratio, "ratio_stderr": ratio_se,
-            "contexts": int(errors.numel())}
+    out = greedy_paired(model, config, contexts=config.eval_contexts,
+                        seed=config.effective_data_seed + EVAL_SEED_OFFSET)
+    return {k: out[k] for k in ("greedy_loss", "greedy_stderr", "ratio", "ratio_stderr", "contexts")}
 
 
 def _gap(model, config: TrainConfig) -> dict:

@@ -119,3 +119,27 @@ def test_bad_inputs():
         dec(g[:, :2])
     with pytest.raises(ValueError, match="thetas must have shape"):
         dec.squared_errors(g, g[:10])
+
+
+def test_coordinate_decoder_losses_twin_k2_n16():
+    # chapter 11's twin (K = 2, alpha = 0.7, N = 16, sigma = 0): the fitted linear decoder of the
+    # two largest-variance coordinates is the finite-N closed form 0.588; the radial decoder of
+    # the same two coordinates leaves ~0.543, of the whole statistic ~0.268 (closed form 0.332)
+    from fvlib import make_prior
+    from fvlib.theory import coordinate_decoder_losses
+    twin = make_prior("gaussian-twin", 2, 0.7)
+    tau2 = channel_tau2(twin, 16, 0.0)
+    for budget, radial in ((2, 0.543), (3, 0.268)):
+        r = coordinate_decoder_losses(twin, budget, 16, 0.0, samples=80_000, seed=0)
+        assert set(r) == {"linear", "radial", "gain"} and r["radial"].n == 40_000
+        closed = twin_finite_n_loss(twin.variances, budget, 16, tau2)
+        assert abs(r["linear"].mean - closed) < 4 * r["linear"].stderr, (budget, r, closed)
+        assert abs(r["radial"].mean - radial) < 0.005, (budget, r)
+        assert r["gain"].mean > 10 * r["gain"].stderr, (budget, r)
+    # budget 1 measures the root alone: the two level-1 variances stay unmeasured
+    one = coordinate_decoder_losses(twin, 1, 16, 0.0, samples=4000, seed=1)
+    assert one["linear"].mean > 0.7 - 1e-9 and one["radial"].mean > 0.7 - 1e-9
+    with pytest.raises(ValueError):
+        coordinate_decoder_losses(twin, 4, 16, 0.0)
+    with pytest.raises(ValueError):
+        coordinate_decoder_losses(twin, 0, 16, 0.0)

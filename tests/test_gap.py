@@ -237,3 +237,25 @@ def test_gap_of_a_missing_run_is_one_line(tmp_path, capsys):
     code, out, err = _gap(capsys, "--run", str(tmp_path / "nowhere"))
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "--run" in lines[0] and "nowhere" in lines[0]
+
+
+def test_greedy_paired_is_on_the_evaluate_contexts():
+    from fvlib.experiments import greedy_paired, paired_ratio
+    from fvlib.train import evaluate
+    tree, model, _ = _model_and_batch(budget=2)
+    config = TrainConfig(depth=3, budget=2, n_ctx=64, noise_std=0.1, steps=1)
+    out = greedy_paired(model, config, contexts=700, seed=4)
+    ev = evaluate(model, tree, 64, 0.1, contexts=700, seed=4)
+    assert out["contexts"] == 700
+    assert out["model_loss"] == pytest.approx(ev["excess_loss"], rel=1e-12)
+    assert out["model_stderr"] == pytest.approx(ev["stderr"], rel=1e-12)
+    assert out["ratio"] == pytest.approx(out["model_loss"] / out["greedy_loss"], rel=1e-9)
+    # the untrained model predicts 0 (loss E|theta|^2), far above greedy with two reads
+    assert out["ratio"] > 2 and out["ratio_stderr"] > 0
+    # another seed: other contexts, so another greedy loss
+    assert greedy_paired(model, config, contexts=700, seed=5)["greedy_loss"] != out["greedy_loss"]
+    with pytest.raises(ValueError, match="tree"):
+        greedy_paired(model, TrainConfig(depth=3, budget=2, prior="gaussian-twin", steps=1),
+                      contexts=10, seed=0)
+    with pytest.raises(ValueError):
+        greedy_paired(model, config, contexts=1, seed=0)

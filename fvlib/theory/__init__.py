@@ -79,6 +79,7 @@ from .strategies import (
     Estimate,
     Rollout,
     bayes_decode_nodes,
+    coordinate_decoder_losses,
     evaluate_strategies,
     lmmse_decode_nodes,
     mc_contexts,
