@@ -8,8 +8,8 @@ all models that would see the same ones alone.
 
 * **Grouping.** Configs that train the same architecture (``TrainConfig.model_config()``:
   kind, budget, ``D``, width) on the same device, with the same ``lr``, ``warmup``, ``steps``, ``batch``,
-  ``n_ctx``, ``queries`` and router learning rate (``router_lr_scale`` where the router is
-  warm-started), and that stand at the same step, form one stack; seeds, data
+  ``n_ctx``, ``queries``, ``expected_loss`` (and with it ``noise_std``) and router learning rate
+  (``router_lr_scale`` where the router is warm-started), and that stand at the same step, form one stack; seeds, data
   seeds, priors, ``alpha``, ``noise_std`` and the evaluation and checkpoint periods may
   differ. Other configs form other stacks, trained in the same loop; nothing is rejected.
 * **Contexts.** Each model draws its contexts from its own generator, seeded exactly as in
@@ -62,11 +62,13 @@ from .train import (
     _eval_set_key,
     _eval_summary,
     _Run,
+    expected_query_loss,
     lr_at,
     query_loss,
     resolve_device,
     sample_training_batch,
     set_learning_rate,
+    training_prior,
 )
 
 __all__ = ["train_many"]
@@ -77,32 +79,39 @@ def _stack_key(config: TrainConfig) -> tuple:
     device = resolve_device(config.device)
     router_lr = config.router_lr_scale if config.warm_starts else None  # the parameter groups' learning rates
     return (config.model_config(), str(device), config.lr, config.warmup, config.steps, config.batch, config.n_ctx,
-            config.queries, router_lr)
+            config.queries, router_lr, config.expected_loss,
+            config.noise_std if config.expected_loss else None)  # the expected loss adds sigma^2
 
 
 def _data_key(run: _Run) -> tuple:
     """Runs with equal keys draw bitwise the same training contexts from now on."""
     c = run.config
     state = bytes(run.generator.get_state().numpy())
-    return (c.prior, c.depth, c.alpha, c.noise_std, c.n_ctx, c.batch, c.queries, state)
+    curriculum = None if c.alpha_start is None else (c.alpha_start, c.alpha_ramp, c.steps, run.step)
+    return (c.prior, c.depth, c.alpha, c.noise_std, c.n_ctx, c.batch, c.queries, c.expected_loss, curriculum, state)
 
 
 class _Stream:
     """One sequence of training contexts, drawn once per step for every run that reads it."""
 
     def __init__(self, run: _Run):
-        self.prior, self.config = run.prior, run.config
+        self.prior, self.config, self.step = run.prior, run.config, run.step
         self.generator = torch.Generator()
         self.generator.set_state(run.generator.get_state())
         self.data: tuple | None = None
         self._moved: dict[str, tuple] = {}
 
     def draw(self) -> None:
-        batch, x_query, y_query = sample_training_batch(self.prior, self.config, self.generator)
+        prior = self.prior if self.config.alpha_start is None else training_prior(self.config, self.step)
+        self.step += 1
+        batch, x_query, y_query = sample_training_batch(prior, self.config, self.generator)
+        if x_query is None:  # expected_loss: the context's own query token and theta instead
+            x_query, y_query = batch.x_query, batch.theta
         self.data, self._moved = (batch.x, batch.y, x_query, y_query), {}
 
     def on(self, device: torch.device) -> tuple:
-        """``(x (B, N, D), y (B, N), x_query (B, Q, D), y_query (B, Q))`` on ``device``."""
+        """``(x (B, N, D), y (B, N), x_query (B, Q, D), y_query (B, Q))`` on ``device``; with
+        ``expected_loss``, ``(x, y, x_query (B, D), theta (B, D))``."""
         key = str(device)
         if key not in self._moved:
             self._moved[key] = tuple(t.to(device) for t in self.data)
@@ -156,7 +165,13 @@ class _Stack:
             }
 
     def _loss(self, params, buffers, x, y, x_query, y_query) -> torch.Tensor:
-        """One model's query loss (:func:`fvlib.train.query_loss`); vmapped over the stack."""
+        """One model's query loss (:func:`fvlib.train.query_loss`, or with ``expected_loss``
+        :func:`fvlib.train.expected_query_loss`, ``y_query`` then being ``theta``); vmapped over
+        the stack."""
+        if self.config.expected_loss:
+            state = {f"model.{name}": value for name, value in {**params, **buffers}.items()}
+            theta_of = lambda *inputs: functional_call(self.theta_template, state, inputs)  # noqa: E731
+            return expected_query_loss(theta_of, x, y, x_query, y_query, self.config.noise_std)
         model = lambda *inputs: functional_call(self.template, (params, buffers), inputs)  # noqa: E731
         return query_loss(model, x, y, x_query, y_query)
 

@@ -158,6 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
                             "before training (default 0: none; 600 with --imitation)")
     train.add_argument("--router-lr-scale", type=_number("--router-lr-scale", 0.0, 1.0, low_open=True), default=None,
                        help="a warm-started router's learning rate as a fraction of --lr (default 0.1)")
+    train.add_argument("--expected-loss", action="store_true",
+                       help="constrained models: train on the query loss's expectation over the query token, "
+                            "|theta_hat - theta|^2 + sigma^2 (infinitely many query tokens; --queries unused)")
+    train.add_argument("--alpha-start", type=_number("--alpha-start", 0.0, 1.0, low_open=True), default=None,
+                       help="tree prior: a curriculum over the decay, from this alpha at step 0 to --alpha")
+    train.add_argument("--alpha-ramp", type=_number("--alpha-ramp", 0.0, 1.0, low_open=True), default=None,
+                       help="with --alpha-start: the fraction of --steps over which alpha moves (default 0.6)")
     train.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda, ...")
     train.add_argument("--out", required=True, help="run directory (resumed if it holds a checkpoint)")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -278,8 +285,12 @@ def _run_train(args) -> dict:
                        f"policy of model A's router), got --arch {args.arch} --model {args.model} --prior {args.prior}")
     recipe = dict(IMITATION_RECIPE) if args.imitation else recipe_for(args.arch)  # flags given override it
     recipe.update({k: getattr(args, k) for k in ("batch", "lr", "warmup", "queries", "width",
-                                                  "router_warm_start", "router_lr_scale")
+                                                  "router_warm_start", "router_lr_scale", "alpha_start", "alpha_ramp")
                    if getattr(args, k) is not None})
+    if args.expected_loss:
+        recipe["expected_loss"] = True
+    if args.alpha_ramp is not None and args.alpha_start is None:
+        raise CliError("--alpha-ramp needs --alpha-start (the curriculum it times)")
     if recipe.get("warmup", 0) == 1:
         raise CliError("--warmup must be a fraction in [0, 1), got 1")
     config = TrainConfig(

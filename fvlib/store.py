@@ -57,7 +57,7 @@ from .batched import train_many
 from .priors import TreePrior
 from .theory.fits import fit_decay
 from .theory import channel_tau2, evaluate_strategies, noisefree_adaptive_loss, noisefree_nodes_loss, best_fixed_nodes
-from .train import (EVAL_SEED_OFFSET, IMITATION_RECIPE, RECIPE, TRANSFORMER_RECIPE, TrainConfig, resolve_device,
+from .train import (ADDED_FIELD_DEFAULTS, EVAL_SEED_OFFSET, IMITATION_RECIPE, RECIPE, TRANSFORMER_RECIPE, TrainConfig, resolve_device,
                     run_dir_for, theory_reference, train)
 from .workers import worker_pool
 
@@ -532,9 +532,12 @@ def stored(name: str, *, recompute: bool = False, device: str = "auto", director
 
 
 def _same_config(stored: dict, defined: TrainConfig) -> bool:
-    """A stored run's config is the defined one, up to the device and a doubled step count."""
+    """A stored run's config is the defined one, up to the device and a doubled step count (a
+    config stored before a field of :data:`fvlib.train.ADDED_FIELD_DEFAULTS` existed had its
+    default)."""
     ignore = {"device", "steps", "eval_every"}
     ours = defined.to_dict()
+    stored = {**ADDED_FIELD_DEFAULTS, **stored}
     if any(stored.get(k) != v for k, v in ours.items() if k not in ignore):
         return False
     ratio = stored["steps"] / defined.steps

@@ -86,6 +86,8 @@ __all__ = [
     "estimate_memory",
     "lr_at",
     "sample_queries",
+    "training_prior",
+    "expected_query_loss",
     "sample_training_batch",
     "parameter_groups",
     "set_learning_rate",
@@ -158,7 +160,24 @@ class TrainConfig:
         steps, batch, lr: optimisation length, contexts per step, peak Adam learning rate.
         warmup: the fraction of ``steps`` spent in a linear learning-rate warm-up before the
             cosine decay (see :func:`lr_at`); ``0``, the book's original recipe, starts at the peak.
-        queries: query tokens per training context (the loss averages over them).
+        queries: query tokens per training context (the loss averages over them); unused with
+            ``expected_loss``.
+        expected_loss: train on the query loss's expectation over the query token instead of
+            ``queries`` sampled tokens: ``|theta_hat - theta|^2 + sigma^2`` per context (for
+            ``x_q ~ N(0, I)``, ``E(<theta_hat, x_q> - y_q)^2`` is exactly that), the limit of
+            infinitely many query tokens: no query-token gradient noise, and no query tokens to
+            draw (a cheaper step). It reads ``theta``, which the sampled loss only sees through
+            the query labels, so it needs a model that predicts ``theta_hat`` (constrained
+            models). ``False``, the default, is the sampled loss of every stored run.
+        alpha_start, alpha_ramp: a curriculum over the tree's decay (tree prior only): step
+            ``t`` trains on contexts of a tree with decay
+            ``alpha_start + (alpha - alpha_start) min(1, t / (alpha_ramp steps))``, from
+            ``alpha_start`` at step 0 to ``alpha`` once ``alpha_ramp`` of the steps are done, then
+            ``alpha`` to the end (:func:`training_prior`). A larger decay gives the deep levels
+            more weight and clearer readings, where model A learns to route to them; the
+            evaluation set is always drawn at ``alpha``. Nothing in it comes from a theory
+            policy. ``alpha_start = None``, the default, trains at ``alpha`` throughout
+            (``alpha_ramp`` is then unused).
         width, hidden_layers: router and decoder MLP size.
         router_warm_start: model A on the tree prior only (ignored otherwise, see
             :meth:`warm_starts`): before training, this many steps fit its router to the
@@ -196,6 +215,9 @@ class TrainConfig:
     lr: float = RECIPE["lr"]
     warmup: float = RECIPE["warmup"]
     queries: int = RECIPE["queries"]
+    expected_loss: bool = False
+    alpha_start: float | None = None
+    alpha_ramp: float = 0.6
     width: int = RECIPE["width"]
     hidden_layers: int = 2
     router_warm_start: int = RECIPE["router_warm_start"]
@@ -240,6 +262,17 @@ class TrainConfig:
         check_number("lr", self.lr, 0, low_open=True)
         if not isinstance(self.device, str):
             raise ValueError(f"device must be a string, got {self.device!r}")
+        if not isinstance(self.expected_loss, bool):
+            raise ValueError(f"expected_loss must be True or False, got {self.expected_loss!r}")
+        if self.alpha_start is not None:
+            if self.prior != "tree":
+                raise ValueError(f"alpha_start (a curriculum over the tree's decay) needs the tree prior, "
+                                 f"got prior {self.prior!r}")
+            check_number("alpha_start", self.alpha_start, 0, 1, low_open=True)
+        check_number("alpha_ramp", self.alpha_ramp, 0, 1, low_open=True)
+        if self.expected_loss and self.arch != "constrained":
+            raise ValueError(f"expected_loss needs a model that predicts theta_hat (arch 'constrained'), "
+                             f"got arch {self.arch!r}")
         check_task_args(self.n_ctx, self.noise_std)
         make_prior(self.prior, self.depth, self.alpha)  # validates depth and alpha
         check_budget("budget", self.budget, self.depth)
@@ -423,6 +456,15 @@ def sample_queries(
 def query_loss(model: FVTransformer, x, y, x_query, y_query) -> torch.Tensor:
     """Mean ``(y_hat_q - y_q)^2`` over contexts and query tokens (the training objective)."""
     return ((model(x, y, x_query) - y_query) ** 2).mean()
+
+
+def expected_query_loss(theta_hat_of, x, y, x_query, theta, noise_std: float) -> torch.Tensor:
+    """The expectation of :func:`query_loss` over the query token, ``x_q ~ N(0, I)``: the mean
+    over contexts of ``|theta_hat - theta|^2 + sigma^2`` (the objective of
+    :attr:`TrainConfig.expected_loss`). ``theta_hat_of(x, y, x_query)`` is the model's
+    ``predict_theta``."""
+    theta_hat = theta_hat_of(x, y, x_query)
+    return ((theta_hat - theta.to(theta_hat.dtype)) ** 2).sum(-1).mean() + noise_std**2
 
 
 def _sample_eval_batches(prior, n_ctx, noise_std, contexts, seed, chunk=512) -> list[TaskBatch]:
@@ -714,11 +756,24 @@ def _try_resume(
 # ----------------------------------------------------------------------------------------
 # Training
 # ----------------------------------------------------------------------------------------
+def training_prior(config: TrainConfig, step: int) -> Prior:
+    """The prior the training contexts of ``step`` (0-based) are drawn from: the prior of
+    ``config``, or with a curriculum (:attr:`TrainConfig.alpha_start`) the tree of decay
+    ``alpha_start + (alpha - alpha_start) min(1, step / (alpha_ramp steps))``."""
+    if config.alpha_start is None:
+        return build_prior(config)
+    done = min(1.0, step / (config.alpha_ramp * config.steps))
+    return TreePrior(config.depth, config.alpha_start + (config.alpha - config.alpha_start) * done)
+
+
 def sample_training_batch(
     prior: Prior, config: TrainConfig, generator: torch.Generator
-) -> tuple[TaskBatch, torch.Tensor, torch.Tensor]:
-    """One step's data: ``(batch, x_query (B, Q, D), y_query (B, Q))`` on the CPU."""
+) -> tuple[TaskBatch, torch.Tensor | None, torch.Tensor | None]:
+    """One step's data: ``(batch, x_query (B, Q, D), y_query (B, Q))`` on the CPU; with
+    ``config.expected_loss``, ``(batch, None, None)`` (no query tokens are drawn)."""
     batch = sample_task(prior, config.batch, config.n_ctx, config.noise_std, generator)
+    if config.expected_loss:
+        return batch, None, None
     x_query, y_query = sample_queries(batch, config.queries, generator)
     return batch, x_query, y_query
 
@@ -743,10 +798,16 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 def training_step(model, optimizer, batch: TaskBatch, x_query, y_query, lr: float) -> float:
     """One Adam step on the query-token loss at learning rate ``lr`` (times each parameter
-    group's ``lr_scale``); returns the loss."""
+    group's ``lr_scale``); returns the loss. ``x_query = y_query = None`` (the data of
+    :attr:`TrainConfig.expected_loss`) takes the expected loss, :func:`expected_query_loss`."""
     device = next(model.parameters()).device
     set_learning_rate(optimizer, lr)
-    loss = query_loss(model, batch.x.to(device), batch.y.to(device), x_query.to(device), y_query.to(device))
+    x, y = batch.x.to(device), batch.y.to(device)
+    if x_query is None:
+        loss = expected_query_loss(model.predict_theta, x, y, batch.x_query.to(device), batch.theta.to(device),
+                                   batch.noise_std)
+    else:
+        loss = query_loss(model, x, y, x_query.to(device), y_query.to(device))
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
@@ -843,7 +904,8 @@ class _Run:
         return time.perf_counter() - self.start_time
 
     def train_step(self) -> None:
-        data = sample_training_batch(self.prior, self.config, self.generator)
+        prior = self.prior if self.config.alpha_start is None else training_prior(self.config, self.step)
+        data = sample_training_batch(prior, self.config, self.generator)
         self.count_step(training_step(self.model, self.optimizer, *data, lr=lr_at(self.step, self.config)))
 
     def count_step(self, loss: float) -> None:
@@ -1046,6 +1108,12 @@ def compare_with_theory(model: FVTransformer, config: TrainConfig, contexts: int
     }
 
 
+#: Fields added after runs were stored, with the value that changes nothing: left out of
+#: :func:`run_dir_for`'s name at that value, so the stored runs keep their directories.
+_NEW_FIELDS = {"expected_loss": False, "alpha_start": None}
+#: The values a config saved before those fields existed had (``alpha_ramp`` is unused there).
+ADDED_FIELD_DEFAULTS = {**_NEW_FIELDS, "alpha_ramp": 0.6}
+
 #: Environment variable that overrides where :func:`run_dir_for` keeps runs.
 RUN_ROOT_ENV = "FVLIB_RUN_ROOT"
 
@@ -1064,7 +1132,8 @@ def run_dir_for(config: TrainConfig, root: str | os.PathLike | None = None) -> P
     numbers are identical either way because training is deterministic. ``root`` defaults to
     ``$FVLIB_RUN_ROOT`` or ``./.fvlib_runs``. A ``data_seed`` of ``None`` is left out of the
     name, so runs named before that field existed keep their directories; so is a ``warmup`` of 0,
-    and so are ``router_warm_start`` and ``router_lr_scale`` when the run does not warm-start
+    an ``expected_loss`` of ``False``, an ``alpha_start`` of ``None`` (with ``alpha_ramp``, unused
+    then), and so are ``router_warm_start`` and ``router_lr_scale`` when the run does not warm-start
     (:attr:`TrainConfig.warm_starts`: they change nothing then).
     """
     root = run_root(root)
@@ -1073,6 +1142,8 @@ def run_dir_for(config: TrainConfig, root: str | os.PathLike | None = None) -> P
         for k, v in config.to_dict().items()
         if k not in RESUMABLE_FIELDS and not (k == "data_seed" and v is None) and not (k == "warmup" and v == 0)
         and not (k in ("router_warm_start", "router_lr_scale") and not config.warm_starts)
+        and not (k in _NEW_FIELDS and v == _NEW_FIELDS[k])
+        and not (k == "alpha_ramp" and config.alpha_start is None)
     }
     if config.arch == "constrained":  # the names runs had before ``arch`` existed
         del fields_that_matter["arch"]
