@@ -459,7 +459,7 @@ def query_loss(model: FVTransformer, x, y, x_query, y_query) -> torch.Tensor:
 
 
 def expected_query_loss(theta_hat_of, x, y, x_query, theta, noise_std: float) -> torch.Tensor:
-    """The expectation of :func:`query_loss` over the query token, ``x_q ~ N(0, I)``: the mean
+    """The expectation of ``query_loss`` over the query token, ``x_q ~ N(0, I)``: the mean
     over contexts of ``|theta_hat - theta|^2 + sigma^2`` (the objective of
     :attr:`TrainConfig.expected_loss`). ``theta_hat_of(x, y, x_query)`` is the model's
     ``predict_theta``."""
@@ -758,7 +758,7 @@ def _try_resume(
 # ----------------------------------------------------------------------------------------
 def training_prior(config: TrainConfig, step: int) -> Prior:
     """The prior the training contexts of ``step`` (0-based) are drawn from: the prior of
-    ``config``, or with a curriculum (:attr:`TrainConfig.alpha_start`) the tree of decay
+    ``config``, or with a curriculum (``TrainConfig.alpha_start``) the tree of decay
     ``alpha_start + (alpha - alpha_start) min(1, step / (alpha_ramp steps))``."""
     if config.alpha_start is None:
         return build_prior(config)
