@@ -78,17 +78,21 @@ test: test-lib test-notebooks test-html test-experiments
 # fvlib's unit tests (everything in tests/ except the browser test); each pytest run prints its
 # ten slowest tests (--durations=10). PYTEST_FLAGS='-m "not slow"' skips the longest ones
 # (statistical checks, JupyterLab started headless) for a quick loop; make test runs them all.
+# TEST_JOBS pytest-xdist workers, one thread each (TEST_JOBS=0: one process, for debugging).
+TEST_JOBS ?= 2
 test-lib: $(STAMP)
-	@rc=0; $(BIN)/python -m pytest -m "not browser" --durations=10 $(PYTEST_FLAGS) tests || rc=$$?; \
+	@rc=0; OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_JOBS) -m "not browser" --durations=10 $(PYTEST_FLAGS) tests || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: no fvlib tests were collected in tests/" >&2; fi; \
 	exit $$rc
 
 # Every chapter runs top to bottom in a fresh kernel of this environment. Lax mode: the
 # hidden assert cells carry the checks; outputs are compared only in cells marked
-# NBVAL_CHECK_OUTPUT, after the substitutions in nbval_sanitize.cfg.
+# NBVAL_CHECK_OUTPUT, after the substitutions in nbval_sanitize.cfg. Two notebooks at a time
+# (--dist loadscope keeps each notebook's cells in order on one worker), one thread each.
 test-notebooks: $(STAMP)
 	@test -n "$(NOTEBOOKS)" || { echo "error: no notebooks in book/" >&2; exit 1; }
-	$(BIN)/python -m pytest --nbval-lax --nbval-current-env \
+	TQDM_DISABLE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadscope \
+	    --nbval-lax --nbval-current-env \
 	    --nbval-sanitize-with nbval_sanitize.cfg \
 	    --nbval-cell-timeout $(NBVAL_CELL_TIMEOUT) -p no:cacheprovider --durations=10 \
 	    $(PYTEST_FLAGS) $(NOTEBOOKS)
