@@ -140,9 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_task_args(train, ["tree", "gaussian-twin", "gaussian"])
     train.add_argument("--steps", type=_positive_int("--steps"), required=True)
-    # recipe options: None takes fvlib.train.recipe_for(--arch): the TrainConfig defaults (RECIPE,
-    # no teacher) for constrained models, TRANSFORMER_RECIPE otherwise; --imitation: IMITATION_RECIPE
-    train.add_argument("--batch", type=_positive_int("--batch"), default=None, help="contexts per step (default 256; transformers 64)")
+    # recipe options: None takes fvlib.train.recipe_for(--arch, --prior, --alpha): LEARNING_RECIPE (no
+    # teacher) for constrained models, TRANSFORMER_RECIPE otherwise; --imitation: IMITATION_RECIPE
+    train.add_argument("--batch", type=_positive_int("--batch"), default=None,
+                       help="contexts per step (default 512; transformers 64; 256 with --imitation)")
     train.add_argument("--lr", type=_number("--lr", 0.0, None, low_open=True), default=None,
                        help="peak learning rate (default 1e-2; transformers 2e-3)")
     train.add_argument("--warmup", type=_number("--warmup", 0.0, 1.0), default=None,
@@ -158,13 +159,19 @@ def build_parser() -> argparse.ArgumentParser:
                             "before training (default 0: none; 600 with --imitation)")
     train.add_argument("--router-lr-scale", type=_number("--router-lr-scale", 0.0, 1.0, low_open=True), default=None,
                        help="a warm-started router's learning rate as a fraction of --lr (default 0.1)")
-    train.add_argument("--expected-loss", action="store_true",
+    train.add_argument("--expected-loss", action=argparse.BooleanOptionalAction, default=None,
                        help="constrained models: train on the query loss's expectation over the query token, "
-                            "|theta_hat - theta|^2 + sigma^2 (infinitely many query tokens; --queries unused)")
+                            "|theta_hat - theta|^2 + sigma^2 (infinitely many query tokens; --queries unused); "
+                            "the default for constrained models without --imitation; --no-expected-loss: "
+                            "sampled query tokens")
     train.add_argument("--alpha-start", type=_number("--alpha-start", 0.0, 1.0, low_open=True), default=None,
-                       help="tree prior: a curriculum over the decay, from this alpha at step 0 to --alpha")
+                       help="tree prior: a curriculum over the decay, from this alpha at step 0 to --alpha "
+                            "(default for constrained models without --imitation: alpha + 0.4 (1 - alpha), "
+                            "fvlib.train.curriculum_start)")
     train.add_argument("--alpha-ramp", type=_number("--alpha-ramp", 0.0, 1.0, low_open=True), default=None,
-                       help="with --alpha-start: the fraction of --steps over which alpha moves (default 0.6)")
+                       help="with a curriculum: the fraction of --steps over which alpha moves (default 0.6)")
+    train.add_argument("--no-curriculum", action="store_true",
+                       help="tree prior: train at --alpha from the first step (no curriculum)")
     train.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda, ...")
     train.add_argument("--out", required=True, help="run directory (resumed if it holds a checkpoint)")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -283,14 +290,18 @@ def _run_train(args) -> dict:
     if args.imitation and (args.arch, args.model, args.prior) != ("constrained", "A", "tree"):
         raise CliError(f"--imitation needs --arch constrained --model A --prior tree (the teacher is the greedy "
                        f"policy of model A's router), got --arch {args.arch} --model {args.model} --prior {args.prior}")
-    recipe = dict(IMITATION_RECIPE) if args.imitation else recipe_for(args.arch)  # flags given override it
-    recipe.update({k: getattr(args, k) for k in ("batch", "lr", "warmup", "queries", "width",
+    if args.no_curriculum and args.alpha_start is not None:
+        raise CliError(f"--no-curriculum and --alpha-start {args.alpha_start} contradict each other")
+    recipe = (dict(IMITATION_RECIPE) if args.imitation
+              else recipe_for(args.arch, args.prior, args.alpha))  # flags given override it
+    recipe.update({k: getattr(args, k) for k in ("batch", "lr", "warmup", "queries", "width", "expected_loss",
                                                   "router_warm_start", "router_lr_scale", "alpha_start", "alpha_ramp")
                    if getattr(args, k) is not None})
-    if args.expected_loss:
-        recipe["expected_loss"] = True
-    if args.alpha_ramp is not None and args.alpha_start is None:
-        raise CliError("--alpha-ramp needs --alpha-start (the curriculum it times)")
+    if args.no_curriculum:
+        recipe.pop("alpha_start", None)
+    if args.alpha_ramp is not None and recipe.get("alpha_start") is None:
+        raise CliError("--alpha-ramp needs a curriculum (--alpha-start; the tree prior's default without "
+                       "--imitation or --no-curriculum)")
     if recipe.get("warmup", 0) == 1:
         raise CliError("--warmup must be a fraction in [0, 1), got 1")
     config = TrainConfig(
@@ -386,7 +397,8 @@ def _check_train_memory(config) -> None:
     limit = _memory_limit(device)
     if memory <= limit:
         return
-    default = replace(TrainConfig(arch=config.arch, model=config.model), **recipe_for(config.arch))
+    default = replace(TrainConfig(arch=config.arch, model=config.model),
+                      **recipe_for(config.arch, config.prior, config.alpha))
     names = ("depth", "n_ctx", "batch", "queries", "width")
     values = {name: getattr(config, name) for name in names}
     culprit = _culprit(lambda v: estimate_memory(replace(config, **v)), values,

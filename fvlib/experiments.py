@@ -92,7 +92,7 @@ from .theory import (
 )
 from .theory.adaptive_opt import GreedyRule
 from .train import (IMITATION_RECIPE, ORIGINAL_RECIPE, TrainConfig, TrainResult, _sample_eval_batches,
-                    build_prior, per_context_losses, run_dir_for, train)
+                    build_prior, per_context_losses, recipe_for, run_dir_for, train)
 from .workers import worker_pool
 
 __all__ = [
@@ -101,6 +101,7 @@ __all__ = [
     "train_parallel",
     "IMITATION_STEPS",
     "imitation_config",
+    "learning_config",
     "TRANSFORMER_CHAPTER",
     "transformer_chapter_configs",
     "SHARED_SEEDS",
@@ -232,6 +233,15 @@ def imitation_config(base: TrainConfig) -> TrainConfig:
     return replace(base, steps=IMITATION_STEPS, **IMITATION_RECIPE)
 
 
+def learning_config(base: TrainConfig) -> TrainConfig:
+    """Chapter 8's model A with the recipe of ``python -m fvlib train``: ``base`` (the shared run
+    of model A) with :func:`fvlib.train.recipe_for` (:data:`fvlib.train.LEARNING_RECIPE`, on the
+    tree its curriculum; no teacher: its random initialisation, nothing from a theory policy) and
+    :data:`IMITATION_STEPS` steps, the imitation run's length, so the starts compare at the same
+    number of steps."""
+    return replace(base, steps=IMITATION_STEPS, **recipe_for(base.arch, base.prior, base.alpha))
+
+
 #: The standard-transformer runs of chapter 11, as a dict with the task (``task``), the
 #: bottlenecked models' training settings (``run``), the open ones' (``open_run``) and the
 #: training seeds (``seeds``).
@@ -266,7 +276,8 @@ def warm_work() -> list:
 
     The runs chapters 5 and 7 to 11 train, each exactly as the chapter trains it (one thread):
     the batch of chapter 8's seeds 1 and 2 of the shared runs (:func:`seed_plan` with
-    :data:`SHARED_SEEDS`), chapter 8's imitation run of model A (:func:`imitation_config`), the six
+    :data:`SHARED_SEEDS`), chapter 8's imitation and learning-recipe runs of model A
+    (:func:`imitation_config`, :func:`learning_config`), the six
     shared runs alone (model A first) and chapter 11's transformers
     (:func:`transformer_chapter_configs`): the longest first. (Chapter 8's depth sweep is a
     stored experiment, ``depth-sweep-k6`` of :mod:`fvlib.store`, which no page build trains.)
@@ -274,7 +285,8 @@ def warm_work() -> list:
     shared = shared_configs()
     _, _, seeds_batch = seed_plan(shared, SHARED_SEEDS)
     alone = sorted(shared.values(), key=lambda c: "ABC".index(c.model))
-    return [[c for _, c in seeds_batch], imitation_config(shared[("A", "tree")]), *alone,
+    return [[c for _, c in seeds_batch], imitation_config(shared[("A", "tree")]),
+            learning_config(shared[("A", "tree")]), *alone,
             *transformer_chapter_configs()]
 
 

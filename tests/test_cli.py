@@ -105,15 +105,17 @@ def test_reproduce_quick_writes_every_result_file(tmp_path):
 
 
 def test_train_uses_the_trainconfig_recipe_and_takes_overrides(tmp_path):
-    """Without recipe flags the run has TrainConfig's defaults (fvlib.train.RECIPE)."""
-    from fvlib.train import RECIPE, load_run
+    """Without recipe flags the run has the learning recipe (fvlib.train.LEARNING_RECIPE: RECIPE,
+    batch 512, expected loss; on the tree a curriculum), and a flag overrides it."""
+    from fvlib.train import LEARNING_RECIPE, load_run
 
     common = ["train", "--model", "C", "--depth", "2", "--n-ctx", "8", "--budget", "2", "--steps", "5",
               "--no-progress", "--json"]
     out = run_cli(*common, "--out", str(tmp_path / "a"))
     assert out.returncode == 0, out.stderr
     config = load_run(tmp_path / "a")[1]
-    assert {k: getattr(config, k) for k in RECIPE} == RECIPE and config.batch == 256
+    assert {k: getattr(config, k) for k in LEARNING_RECIPE} == LEARNING_RECIPE and config.batch == 512
+    assert config.alpha_start == 0.7 and config.router_warm_start == 0
     out = run_cli(*common, "--out", str(tmp_path / "b"), "--lr", "0.003", "--warmup", "0", "--queries", "64")
     assert out.returncode == 0, out.stderr
     config = load_run(tmp_path / "b")[1]
@@ -135,7 +137,7 @@ def test_train_transformer_defaults_are_the_transformer_recipe(tmp_path):
     assert out.returncode == 0, out.stderr
     config = load_run(tmp_path / "b")[1]
     assert (config.lr, config.width, config.batch) == (0.001, 16, TRANSFORMER_RECIPE["batch"])
-    assert recipe_for("constrained") == {} and recipe_for("transformer-open") == TRANSFORMER_RECIPE
+    assert recipe_for("transformer-open") == TRANSFORMER_RECIPE
     with pytest.raises(ValueError, match="'rnn'"):
         recipe_for("rnn")
 

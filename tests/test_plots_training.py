@@ -76,6 +76,15 @@ def test_plot_training_curves_draws_lines_and_theory():
     assert len(ax.get_lines()) == 4 and ax.get_yscale() == "log"
 
 
+def test_plot_grouped_bars_keeps_more_labels_than_colours_distinct():
+    """Ten labels, more than the palette's eight: each bar still differs in colour or hatch."""
+    values = {"": {f"row {j}": (1.0 + j, 0.1) for j in range(10)}}
+    bars = plot_grouped_bars(values)
+    looks = {(tuple(b.patches[0].get_facecolor()), b.patches[0].get_hatch()) for b in bars.values()}
+    assert len(bars) == 10 and len(looks) == 10
+    plt.close("all")
+
+
 def test_plot_grouped_bars_returns_bars_per_label():
     values = {"tree": {"A": (0.02, 0.001), "B": (0.1, 0.002)}, "twin": {"A": (0.38, 0.01), "B": (0.38, 0.01)}}
     theory = {"tree": {"A": 0.015}, "twin": {"A": 0.38, "B": 0.38}}

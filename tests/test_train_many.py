@@ -318,15 +318,23 @@ def test_chapter_run_configs_are_the_chapters_runs():
     """The configs that `python -m fvlib warm` trains ahead are those chapters 8 and 11 train:
     the imitation run of model A (IMITATION_RECIPE, 3000 steps) and the twelve standard
     transformers."""
-    from fvlib.experiments import (TRANSFORMER_CHAPTER, imitation_config,
-                                   transformer_chapter_configs)
-    from fvlib.train import IMITATION_RECIPE
+    from fvlib.experiments import (TRANSFORMER_CHAPTER, imitation_config, learning_config,
+                                   transformer_chapter_configs, warm_work)
+    from fvlib.train import IMITATION_RECIPE, LEARNING_RECIPE, curriculum_start
 
     base = shared_configs()[("A", "tree")]
     new = imitation_config(base)
     assert new.steps == 3000 and new.warm_starts
     assert {k: getattr(new, k) for k in IMITATION_RECIPE} == IMITATION_RECIPE
     assert dataclasses.replace(new, steps=base.steps, **ORIGINAL_RECIPE) == base
+    # the learning-recipe run beside it: the recipe of python -m fvlib train, the same steps, no warm start
+    free = learning_config(base)
+    assert free.steps == new.steps and not free.warm_starts and free.router_warm_start == 0
+    assert {k: getattr(free, k) for k in LEARNING_RECIPE} == LEARNING_RECIPE
+    assert free.alpha_start == curriculum_start(base.alpha) and free.expected_loss
+    assert dataclasses.replace(free, **IMITATION_RECIPE, batch=base.batch, expected_loss=False,
+                               alpha_start=None) == new
+    assert free in warm_work() and new in warm_work()
     configs = transformer_chapter_configs()
     assert len(configs) == 6 * len(TRANSFORMER_CHAPTER["seeds"])
     assert [c.arch for c in configs].count("transformer-open") == 2 * len(TRANSFORMER_CHAPTER["seeds"])

@@ -102,6 +102,53 @@ def test_cli_train_takes_the_options(tmp_path):
                  "--alpha-ramp", "0.5"]) == 0
     config = load_run(tmp_path / "a")[1]
     assert (config.expected_loss, config.alpha_start, config.alpha_ramp) == (True, 0.7, 0.5)
+    # without the flags: the learning recipe, expected loss and the curriculum from alpha + 0.4 (1 - alpha)
     assert main([*common, "--out", str(tmp_path / "b")]) == 0
     config = load_run(tmp_path / "b")[1]
+    assert (config.expected_loss, config.alpha_start, config.alpha_ramp) == (True, 0.7, 0.6)
+    # and both switched off
+    assert main([*common, "--out", str(tmp_path / "c"), "--no-expected-loss", "--no-curriculum"]) == 0
+    config = load_run(tmp_path / "c")[1]
     assert (config.expected_loss, config.alpha_start) == (False, None)
+    # the imitation recipe keeps the stored runs' sampled loss and has no curriculum
+    assert main([*common, "--out", str(tmp_path / "d"), "--imitation", "--router-warm-start", "2"]) == 0
+    config = load_run(tmp_path / "d")[1]
+    assert (config.expected_loss, config.alpha_start, config.warm_starts) == (False, None, True)
+
+
+@pytest.mark.parametrize("alpha, start", [(0.5, 0.7), (0.4, 0.64), (0.9, 0.94), (1.0, 1.0)])
+def test_curriculum_start_lies_between_alpha_and_one(alpha, start):
+    from fvlib.train import curriculum_start
+
+    assert curriculum_start(alpha) == pytest.approx(start, abs=1e-12)
+    assert alpha <= curriculum_start(alpha) <= 1
+
+
+def test_recipe_for_each_arch_and_prior():
+    """python -m fvlib train's recipe: the learning recipe for constrained models, with the
+    curriculum on the tree only; the transformers' own recipe (sampled loss) otherwise."""
+    from fvlib.train import LEARNING_RECIPE, RECIPE, TRANSFORMER_RECIPE, recipe_for
+
+    assert recipe_for("constrained", "tree", 0.3) == {**LEARNING_RECIPE, "alpha_start": 0.58}
+    assert recipe_for("constrained", "gaussian-twin", 0.3) == LEARNING_RECIPE
+    assert LEARNING_RECIPE == {**RECIPE, "batch": 512, "expected_loss": True}
+    assert LEARNING_RECIPE["router_warm_start"] == 0   # no teacher
+    assert recipe_for("transformer", "tree", 0.3) == TRANSFORMER_RECIPE
+    for bad in (("rnn",), ("constrained", "cube"), ("constrained", "tree", 0.0)):
+        with pytest.raises(ValueError, match="rnn|cube|alpha"):
+            recipe_for(*bad)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--no-curriculum", "--alpha-start", "0.6"], "contradict"),
+    (["--no-curriculum", "--alpha-ramp", "0.5"], "needs a curriculum"),
+    (["--prior", "gaussian", "--alpha-ramp", "0.5"], "needs a curriculum"),
+])
+def test_cli_curriculum_flags_that_contradict(tmp_path, capsys, argv, message):
+    from fvlib.cli import main
+
+    common = ["train", "--model", "A", "--depth", "2", "--n-ctx", "8", "--budget", "2", "--steps", "2",
+              "--no-progress", "--out", str(tmp_path / "run")]
+    assert main([*common, *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err

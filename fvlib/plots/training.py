@@ -168,8 +168,12 @@ def plot_grouped_bars(
         xs = np.arange(len(groups)) + (j - (len(labels) - 1) / 2) * width
         means = np.array([values[g].get(lab, (np.nan, 0.0))[0] for g in groups], dtype=float)
         ses = np.array([values[g].get(lab, (np.nan, 0.0))[1] for g in groups], dtype=float)
+        # past the palette's length the colours repeat, hatched, so every label stays distinct
+        color = MODEL_COLORS.get(lab, _SERIES[j % len(_SERIES)])
+        hatch = "//" if lab not in MODEL_COLORS and j >= len(_SERIES) else None
         bars[lab] = ax.bar(
-            xs, means, width * 0.92, yerr=2 * ses, capsize=3, color=MODEL_COLORS.get(lab, _SERIES[j]), label=lab
+            xs, means, width * 0.92, yerr=2 * ses, capsize=3, color=color, hatch=hatch,
+            edgecolor="white" if hatch else None, label=lab
         )
         for x, g in zip(xs, groups):
             pts = np.asarray((points or {}).get(g, {}).get(lab, []), dtype=float)
