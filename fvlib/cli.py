@@ -534,12 +534,15 @@ def _run_experiment_list(args) -> dict:
                      "stored_runs": len(e.runs) - len(left), "work_items": len(e.items),
                      "estimated_cpu_minutes": round(sum(estimate_seconds(r.config) for r in e.runs) / 60, 1),
                      "stored_cpu_minutes": round(spent / 60, 1),
-                     "remaining_cpu_minutes": round(sum(estimate_seconds(r.config) for r in left) / 60, 1)}
+                     "remaining_cpu_minutes": round(sum(estimate_seconds(r.config) for r in left) / 60, 1),
+                     "max_doublings": e.max_doublings}
     if args.json:
         return {"experiments": out}
     return {name: f"{v['runs']} runs ({v['stored_runs']} stored, {v['stored_cpu_minutes']} CPU min spent), "
-                  f"about {v['remaining_cpu_minutes']} CPU min left before doublings "
-                  f"(x1 to x7 when runs are doubled): {v['description']}" for name, v in out.items()}
+                  f"about {v['remaining_cpu_minutes']} CPU min left"
+                  + (f" before doublings (x1 to x{2 ** (v['max_doublings'] + 1) - 1} when runs are doubled)"
+                     if v["max_doublings"] else " (no doublings)")
+                  + f": {v['description']}" for name, v in out.items()}
 
 
 def _run_experiment_run(args) -> dict:

@@ -57,7 +57,8 @@ from .batched import train_many
 from .priors import TreePrior
 from .theory.fits import fit_decay
 from .theory import channel_tau2, evaluate_strategies, noisefree_adaptive_loss, noisefree_nodes_loss, best_fixed_nodes
-from .train import (ADDED_FIELD_DEFAULTS, EVAL_SEED_OFFSET, IMITATION_RECIPE, RECIPE, TRANSFORMER_RECIPE, TrainConfig, resolve_device,
+from .train import (ADDED_FIELD_DEFAULTS, EVAL_SEED_OFFSET, IMITATION_RECIPE, RECIPE, TRANSFORMER_RECIPE, TrainConfig,
+                    curriculum_start, resolve_device,
                     run_dir_for, theory_reference, train)
 from .workers import worker_pool
 
@@ -144,6 +145,9 @@ class Experiment:
             :func:`fvlib.batched.train_many` call.
         theory: ``() -> dict`` of JSON-able reference values of the configuration.
         gap_variants: variants whose tree runs get :func:`fvlib.experiments.gap_table`.
+        max_doublings: how many times a run that has not converged is retrained with twice the
+            steps (:data:`MAX_DOUBLINGS`; ``0`` for an experiment that compares at a fixed
+            number of steps).
     """
 
     name: str
@@ -152,6 +156,7 @@ class Experiment:
     items: tuple
     theory: Callable[[], dict]
     gap_variants: tuple = ()
+    max_doublings: int = MAX_DOUBLINGS
 
     @property
     def runs(self) -> list[Run]:
@@ -260,6 +265,55 @@ def _reference_k6() -> Experiment:
                       _reference_theory(task, refs), gap_variants=("A-scratch", "A-warm"))
 
 
+#: The recipes of :func:`_recipes_a`, each model A from its random initialisation (no teacher),
+#: by the name its runs are stored under: :data:`~fvlib.train.RECIPE` (the stored experiments'
+#: recipe), then one change at a time up to :data:`~fvlib.train.LEARNING_RECIPE` with its
+#: curriculum (the recipe of ``python -m fvlib train``). ``alpha_start`` is filled in per task.
+RECIPE_STEPS = {
+    "RECIPE": {},
+    "+expected-loss": {"expected_loss": True},
+    "+curriculum": {"expected_loss": True, "alpha_start": "curriculum"},
+    "+batch-512": {"expected_loss": True, "alpha_start": "curriculum", "batch": 512},
+}
+
+
+def _recipe_run(variant: str, seed: int, steps: int, task: dict) -> Run:
+    changes = dict(RECIPE_STEPS[variant])
+    if changes.get("alpha_start") == "curriculum":
+        changes["alpha_start"] = curriculum_start(task["alpha"])
+    config = TrainConfig(model="A", steps=steps, eval_every=steps // 20, eval_contexts=2048, checkpoint_every=500,
+                         data_seed=0, seed=seed, device="cpu", **{**RECIPE, **changes}, **task)
+    return Run(_key(variant, config), variant, config)
+
+
+def _recipes_a(steps: int = 3000, seeds=(0, 1)) -> Experiment:
+    """What each change of the learning recipe buys model A from a random start, at chapter 8's
+    shared-run configuration (K = 5, M = 5) and the reference configuration (K = 6, M = 6), at a
+    fixed number of steps (no doubling)."""
+    tasks = [dict(prior="tree", depth=k, alpha=0.5, n_ctx=128, noise_std=0.0, budget=k) for k in (5, 6)]
+    items = tuple(tuple(_recipe_run(v, s, steps, t) for s in seeds) for t in tasks for v in RECIPE_STEPS)
+    return Experiment("recipes-a", f"model A from a random start, {steps} steps, no doubling: RECIPE and the "
+                      f"learning recipe's changes one at a time (expected loss, curriculum, batch 512); "
+                      f"tree K = 5, M = 5 and K = 6, M = 6, alpha = 0.5, N = 128; seeds "
+                      f"{', '.join(map(str, seeds))}; chapter 8's gap table", "08_experiments", items,
+                      _recipes_theory(tasks), gap_variants=tuple(RECIPE_STEPS), max_doublings=0)
+
+
+def _recipes_theory(tasks) -> Callable[[], dict]:
+    """The adaptive and non-adaptive references of each task of :func:`_recipes_a`, by budget."""
+
+    def compute() -> dict:
+        out = {"samples": THEORY_SAMPLES}
+        for t in tasks:
+            est = evaluate_strategies(TreePrior(t["depth"], t["alpha"]), t["n_ctx"], t["noise_std"], t["budget"],
+                                      samples=THEORY_SAMPLES, seed=0,
+                                      strategies=("adaptive_greedy", "adaptive_opt", "nonadaptive_opt"))
+            out[f"M{t['budget']}"] = {n: {"mean": e.mean, "stderr": e.stderr} for n, e in est.items()}
+        return out
+
+    return compute
+
+
 def _transformer_run(variant: str, prior: str, seed: int, steps: int) -> Run:
     arch = "transformer-open" if variant.endswith("open") else "transformer"
     recipe = {**TRANSFORMER_RECIPE, **STORED_WARM_START_FIELDS}
@@ -287,6 +341,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     _depth_sweep("depth-sweep-k7", 7, ("A-scratch", "B"), "08_experiments"),
     _transformers_k4(),
     _reference_k6(),
+    _recipes_a(),
 )}
 
 
@@ -430,7 +485,7 @@ def _train_item(args) -> list[dict]:
     configs = [replace(r.config, device=device) for r in item]
     results = train_many(configs, [run_dir_for(c, root) for c in configs], progress=progress)
     attempts = [[_attempt(r)] for r in results]
-    for _ in range(MAX_DOUBLINGS):
+    for _ in range(experiment.max_doublings):
         todo = [i for i, a in enumerate(attempts) if not a[-1]["converged"]]
         if not todo:
             break
@@ -483,7 +538,7 @@ def _empty_result(experiment: Experiment) -> dict:
             "planned_runs": [r.key for r in experiment.runs], "tolerance_rule": TOLERANCE_RULE,
             "convergence_rule": f"the evaluation loss fell by less than {CONVERGENCE_DROP:.0%} over the last "
                                 f"fifth of the steps; otherwise retrained with twice the steps, at most "
-                                f"{MAX_DOUBLINGS} times",
+                                f"{experiment.max_doublings} times",
             "theory": None, "runs": {}}
 
 
@@ -506,7 +561,8 @@ def load_result(name: str, directory=None, *, complete: bool = False) -> dict:
         raise ResultError(f"{path} is not a result file of experiment {name!r}")
     defined = experiment.run_by_key()
     for key, record in data["runs"].items():
-        if key not in defined or not _same_config(record["config"], defined[key].config):
+        if key not in defined or not _same_config(record["config"], defined[key].config,
+                                                  experiment.max_doublings):
             raise ResultError(f"{path} holds run {key!r} of another definition of {name!r}; "
                               f"move the file away to start over")
     missing = [k for k in defined if k not in data["runs"]]
@@ -531,7 +587,7 @@ def stored(name: str, *, recompute: bool = False, device: str = "auto", director
     return run(name, device=device, directory=directory, root=Path(directory) / "runs", progress=progress)
 
 
-def _same_config(stored: dict, defined: TrainConfig) -> bool:
+def _same_config(stored: dict, defined: TrainConfig, max_doublings: int = MAX_DOUBLINGS) -> bool:
     """A stored run's config is the defined one, up to the device and a doubled step count (a
     config stored before a field of :data:`fvlib.train.ADDED_FIELD_DEFAULTS` existed had its
     default)."""
@@ -541,7 +597,7 @@ def _same_config(stored: dict, defined: TrainConfig) -> bool:
     if any(stored.get(k) != v for k, v in ours.items() if k not in ignore):
         return False
     ratio = stored["steps"] / defined.steps
-    return ratio in (1, 2, 4, 8)[: MAX_DOUBLINGS + 1] and stored["eval_every"] == stored["steps"] // 20
+    return ratio in [2**k for k in range(max_doublings + 1)] and stored["eval_every"] == stored["steps"] // 20
 
 
 def _write(path: Path, data: dict) -> None:

@@ -148,7 +148,10 @@ def test_every_experiment_has_three_seeds_per_point_and_buildable_configs(name):
     for r in experiment.runs:
         r.config.model_config()
         points.setdefault((r.variant, r.config.prior, r.config.budget), []).append(r.config.seed)
-    assert min(len(s) for s in points.values()) >= (5 if name.startswith("transformers") else 3)
+    # five seeds for the transformers (they fail sometimes), two for the recipe ablation (a table
+    # of what each change buys, at two configurations), three elsewhere
+    least = 5 if name.startswith("transformers") else 2 if name.startswith("recipes") else 3
+    assert min(len(s) for s in points.values()) >= least
 
 
 STORED = sorted(p.stem for p in RESULTS.glob("*.json"))
@@ -198,6 +201,12 @@ def test_the_store_names_its_recipes():
             elif r.variant == "A-warm":
                 assert {k: getattr(c, k) for k in IMITATION_RECIPE} == IMITATION_RECIPE
                 assert c.warm_starts == (c.prior == "tree")
+            elif r.variant in store.RECIPE_STEPS:   # recipes-a: RECIPE and its changes, no teacher
+                assert c.router_warm_start == 0 and not c.warm_starts and c.model == "A"
+                base = {**RECIPE, "batch": 256}
+                changes = {k: v for k, v in c.to_dict().items() if k in base and v != base[k]}
+                changes |= {k: getattr(c, k) for k in ("expected_loss", "alpha_start") if getattr(c, k)}
+                assert set(changes) == set(store.RECIPE_STEPS[r.variant]), (r.key, changes)
             else:
                 assert c.router_warm_start == IMITATION_RECIPE["router_warm_start"] and not c.warm_starts
 
@@ -264,3 +273,17 @@ def test_experiment_warm_and_reproduce_are_verbs_of_the_family(capsys):
     assert "--jobs" in capsys.readouterr().err
     assert main(["experiment", "reproduce"]) == 2  # --out is required
     assert "--out" in capsys.readouterr().err
+
+
+def test_an_experiment_without_doublings_accepts_only_its_own_steps():
+    """recipes-a compares recipes at a fixed number of steps: its runs are never doubled, so a
+    stored config with twice the steps is of another definition there, and not elsewhere."""
+    experiment = store.get_experiment("recipes-a")
+    assert experiment.max_doublings == 0
+    assert store.get_experiment("depth-sweep-k6").max_doublings == store.MAX_DOUBLINGS
+    config = experiment.runs[0].config
+    doubled = {**config.to_dict(), "steps": 2 * config.steps, "eval_every": 2 * config.steps // 20}
+    assert store._same_config(config.to_dict(), config, 0)
+    assert not store._same_config(doubled, config, 0)
+    assert store._same_config(doubled, config, 2)
+    assert "at most 0 times" in store._empty_result(experiment)["convergence_rule"]
