@@ -307,7 +307,8 @@ def _recipes_theory(tasks) -> Callable[[], dict]:
         for t in tasks:
             est = evaluate_strategies(TreePrior(t["depth"], t["alpha"]), t["n_ctx"], t["noise_std"], t["budget"],
                                       samples=THEORY_SAMPLES, seed=0,
-                                      strategies=("adaptive_greedy", "adaptive_opt", "nonadaptive_opt"))
+                                      strategies=("adaptive_greedy", "adaptive_opt", "nonadaptive_opt",
+                                                  "nonadaptive_coord"))
             out[f"M{t['budget']}"] = {n: {"mean": e.mean, "stderr": e.stderr} for n, e in est.items()}
         return out
 
@@ -869,6 +870,8 @@ def failed(data: dict, record: dict) -> bool:
     if record["prior"] == "tree" and not linear:
         if "curves" in theory:
             coord = theory["curves"]["nonadaptive_coord"]["mean"][theory["budgets"].index(record["budget"])]
+        elif f"M{record['budget']}" in theory:   # one task per budget (recipes-a)
+            coord = theory[f"M{record['budget']}"]["nonadaptive_coord"]["mean"]
         else:
             coord = theory["tree"]["nonadaptive_coord"]["mean"]
         return not record["final_loss"] < FAILURE_COORD_FRACTION * coord

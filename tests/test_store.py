@@ -287,3 +287,14 @@ def test_an_experiment_without_doublings_accepts_only_its_own_steps():
     assert not store._same_config(doubled, config, 0)
     assert store._same_config(doubled, config, 2)
     assert "at most 0 times" in store._empty_result(experiment)["convergence_rule"]
+
+
+def test_failure_rule_reads_a_theory_kept_per_budget():
+    """recipes-a keeps one reference set per task, by budget: a run fails when it does not end
+    10% below the heap-order coordinates of its own budget."""
+    theory = {"M5": {"nonadaptive_coord": {"mean": 0.2}}, "M6": {"nonadaptive_coord": {"mean": 0.1}}}
+    data = {"theory": theory}
+    run = {"prior": "tree", "budget": 6, "config": {"model": "A"}}
+    assert not store.failed(data, {**run, "final_loss": 0.05})
+    assert store.failed(data, {**run, "final_loss": 0.095})
+    assert not store.failed(data, {**run, "budget": 5, "final_loss": 0.095})
