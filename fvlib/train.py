@@ -130,10 +130,10 @@ class TrainingDiverged(ValueError):
 # ----------------------------------------------------------------------------------------
 #: The training recipe of the :class:`TrainConfig` defaults (and of every stored experiment's
 #: runs without a warm start), found in chapter 8's section on closing the gap to the adaptive
-#: references: peak
-#: learning rate, warm-up fraction, query tokens per context, MLP width. It has no teacher:
-#: nothing computed from a theory policy (greedy, the optimised adaptive policy, DP) enters
-#: training, every model starts from its random initialisation (``router_warm_start = 0``).
+#: references: peak learning rate, warm-up fraction, query tokens per context, MLP width. It
+#: has no teacher: nothing computed from a theory policy (greedy, the optimised adaptive
+#: policy, DP) enters training, every model starts from its random initialisation
+#: (``router_warm_start = 0``).
 #: ``router_lr_scale`` acts only with a warm start (:attr:`TrainConfig.warm_starts`); it is
 #: the scale :data:`IMITATION_RECIPE` trains its router at.
 RECIPE = {"lr": 1e-2, "warmup": 0.05, "queries": 256, "width": 256, "router_warm_start": 0,
