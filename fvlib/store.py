@@ -281,8 +281,7 @@ def _recipe_run(variant: str, seed: int, steps: int, task: dict) -> Run:
     changes = dict(RECIPE_STEPS[variant])
     if changes.get("alpha_start") == "curriculum":
         changes["alpha_start"] = curriculum_start(task["alpha"])
-    config = TrainConfig(model="A", steps=steps, eval_every=steps // 20, eval_contexts=2048, checkpoint_every=500,
-                         data_seed=0, seed=seed, device="cpu", **{**RECIPE, **changes}, **task)
+    config = replace(_constrained("A-scratch", steps, **task), seed=seed, **changes)
     return Run(_key(variant, config), variant, config)
 
 
