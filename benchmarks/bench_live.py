@@ -35,7 +35,7 @@ def main():
     os.chdir(Path(__file__).resolve().parents[1] / "book")  # the chapters' run directory
     from fvlib.experiments import shared_configs
     from fvlib.patching import key_patching_sweep, theory_patching_sweep
-    from fvlib.train import TrainConfig, run_dir_for, train
+    from fvlib.training import TrainConfig, run_dir_for, train
 
     measure("prior", widgets.prior_explorer(depth=4, alpha=0.5, seed=0))                      # chapter 2
     measure("strategy", widgets.strategy_explorer(depth=6, budget=6, alpha=0.5, n_ctx=128,    # chapter 6

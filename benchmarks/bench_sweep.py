@@ -6,7 +6,7 @@ Not a test: run it by hand and read the numbers.
     python benchmarks/bench_sweep.py --mode both --threads 1
 
 Trains 8 models of the reference configuration (tree K=6, alpha=0.5, N=128, M=6, model A,
-batch 256) with the book's original recipe (``fvlib.train.ORIGINAL_RECIPE``: lr 3e-3, 64
+batch 256) with the book's original recipe (``fvlib.training.ORIGINAL_RECIPE``: lr 3e-3, 64
 query tokens, so that the numbers compare with earlier measurements) for ``--steps`` steps (default
 100, so that the benchmark takes a few minutes on 2 CPU cores), seeds 0..7, in one or two modes:
 
@@ -38,8 +38,8 @@ import time
 
 import torch
 
-from fvlib.batched import train_many
-from fvlib.train import ORIGINAL_RECIPE, TrainConfig, train
+from fvlib.training.batched import train_many
+from fvlib.training import ORIGINAL_RECIPE, TrainConfig, train
 
 MODELS = 8
 MODES = {"per-model": None, "shared": 0}  # mode -> data_seed

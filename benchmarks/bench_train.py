@@ -21,7 +21,7 @@ import time
 import torch
 
 from fvlib.task import make_generator, sample_task
-from fvlib.train import TrainConfig, build_model, build_prior, lr_at, sample_queries, train, training_step
+from fvlib.training import TrainConfig, build_model, build_prior, lr_at, sample_queries, train, training_step
 
 REFERENCE = TrainConfig(
     model="A",

@@ -5,17 +5,15 @@ imports only from the layers below it (``tests/test_import_layers.py`` checks th
 
     _checks, stats            argument checks of the public entry points; squared error, mean and
                               standard error, the relative gap of two estimates
-    checkpoint, workers       run directories on disk (atomic checkpoints with a manifest of
-                              checksums, the lock); worker processes that end with their parent
+    workers                   worker processes that end with their parent
     priors                    the tree prior, Gaussian priors, the Gaussian twin
     task                      in-context regression contexts, labels and queries
     theory                    exact posteriors, strategies, dynamic programming, closed forms, fits
     models                    the constrained linear-attention transformer (models A, B, C), hooks
     transformer               standard transformers (softmax attention, MLPs; bottlenecked and
                               open arrangements, models A' and B') with the same hooks
-    warm_start                model A's router fitted to the greedy policy before training
-    train                     training, checkpoints and resume, evaluation beside theory
-    batched                   many training runs in one loop (stacked parameters, vmap)
+    training                  training (one run and many at once, vmap), run directories and
+                              checkpoints, evaluation beside theory, the imitation warm start
     patching                  key patching (model and theory), transplants, probes
     transformer_patching      the same interventions on the standard transformers: the
                               function-vector transplant, probes, state patching
@@ -40,7 +38,7 @@ from .priors import GaussianPrior, TreePrior, make_prior  # noqa: E402
 from .task import TaskBatch, make_generator, sample_task  # noqa: E402
 
 # The heavier layers are imported on first use: ``fvlib.theory``, ``fvlib.models``,
-# ``fvlib.transformer``, ``fvlib.train``, ``fvlib.batched``, ``fvlib.patching``,
+# ``fvlib.transformer``, ``fvlib.training``, ``fvlib.patching``,
 # ``fvlib.transformer_patching``,
 # ``fvlib.experiments``, ``fvlib.plots``.
 

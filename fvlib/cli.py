@@ -85,7 +85,7 @@ def _checked(check, *args, **kwargs):
 
 def _writable_dir(flag: str, path) -> None:
     """Before any work: directory ``path``, given by ``flag``, exists or can be made, and is writable."""
-    from .checkpoint import RunDirError, check_writable_dir
+    from .training.rundir import RunDirError, check_writable_dir
 
     try:
         check_writable_dir(path)
@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_task_args(train, ["tree", "gaussian-twin", "gaussian"])
     train.add_argument("--steps", type=_positive_int("--steps"), required=True)
-    # recipe options: None takes fvlib.train.recipe_for(--arch, --prior, --alpha): LEARNING_RECIPE (no
+    # recipe options: None takes fvlib.training.recipe_for(--arch, --prior, --alpha): LEARNING_RECIPE (no
     # teacher) for constrained models, TRANSFORMER_RECIPE otherwise; --imitation: IMITATION_RECIPE
     train.add_argument("--batch", type=_positive_int("--batch"), default=None,
                        help="contexts per step (default 512; transformers 64; 256 with --imitation)")
@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--width", type=_positive_int("--width"), default=None, help="MLP width, d_model for transformers (default 256; transformers 32)")
     train.add_argument("--imitation", action="store_true",
                        help="model A on the tree prior: start with the imitation warm start (its router "
-                            "first fitted to the greedy policy, fvlib.train.IMITATION_RECIPE); default: no teacher")
+                            "first fitted to the greedy policy, fvlib.training.IMITATION_RECIPE); default: no teacher")
     train.add_argument("--router-warm-start", type=_integer("--router-warm-start", 0), default=None,
                        help="model A on the tree prior: steps fitting its router to the greedy policy "
                             "before training (default 0: none; 600 with --imitation)")
@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--alpha-start", type=_number("--alpha-start", 0.0, 1.0, low_open=True), default=None,
                        help="tree prior: a curriculum over the decay, from this alpha at step 0 to --alpha "
                             "(default for constrained models without --imitation: alpha + 0.4 (1 - alpha), "
-                            "fvlib.train.curriculum_start)")
+                            "fvlib.training.curriculum_start)")
     train.add_argument("--alpha-ramp", type=_number("--alpha-ramp", 0.0, 1.0, low_open=True), default=None,
                        help="with a curriculum: the fraction of --steps over which alpha moves (default 0.6)")
     train.add_argument("--no-curriculum", action="store_true",
@@ -284,7 +284,7 @@ def _run_theory(args) -> dict:
 
 
 def _run_train(args) -> dict:
-    from .train import IMITATION_RECIPE, TrainConfig, recipe_for, train
+    from .training import IMITATION_RECIPE, TrainConfig, recipe_for, train
 
     _check_budget(args)
     if args.imitation and (args.arch, args.model, args.prior) != ("constrained", "A", "tree"):
@@ -386,11 +386,11 @@ def _check_theory_cost(args) -> None:
 
 
 def _check_train_memory(config) -> None:
-    """Refuse a training run that cannot fit in memory (:func:`fvlib.train.estimate_memory`),
+    """Refuse a training run that cannot fit in memory (:func:`fvlib.training.config.estimate_memory`),
     naming the flag most responsible."""
     from dataclasses import replace
 
-    from .train import TrainConfig, estimate_memory, recipe_for, resolve_device
+    from .training import TrainConfig, estimate_memory, recipe_for, resolve_device
 
     memory = estimate_memory(config)
     device = resolve_device(config.device)
@@ -423,7 +423,7 @@ def _run_gap(args) -> dict:
     optimised adaptive policy on the model's own contexts; ``ratio``: the model over the
     better of the two, context by context."""
     from .experiments import gap_table
-    from .train import RunDirError, load_run
+    from .training import RunDirError, load_run
 
     try:
         model, config, _ = load_run(args.run)
@@ -458,7 +458,7 @@ def _run_warm(args) -> dict:
     """The runs the chapters train (:func:`fvlib.experiments.warm_work`), each exactly as the
     chapter trains it, ``--jobs`` processes at a time."""
     from .experiments import train_parallel, warm_work
-    from .train import run_root
+    from .training import run_root
 
     _writable_dir("--root", run_root(args.root))
     return {"runs": train_parallel(warm_work(), jobs=args.jobs, root=args.root)}
@@ -467,7 +467,7 @@ def _run_warm(args) -> dict:
 def _run_patch(args) -> dict:
     from .patching import key_patching_sweep, theory_patching_sweep
     from .priors import TreePrior
-    from .train import RunDirError, build_prior, load_run
+    from .training import RunDirError, build_prior, load_run
 
     try:
         model, config, _ = load_run(args.run)
@@ -547,7 +547,7 @@ def _run_experiment_list(args) -> dict:
 
 def _run_experiment_run(args) -> dict:
     from .store import run, summarise
-    from .train import run_root
+    from .training import run_root
 
     name = _experiment_name(args.name)
     _writable_dir("--root", run_root(args.root))

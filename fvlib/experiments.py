@@ -9,10 +9,10 @@ Training (chapters 5, *Gaussian prior*, and 8, *Experiments*; the book's appendi
 
 * :func:`shared_configs` -- the book's SHARED training configurations (A, B, C on the tree
   prior and on its Gaussian twin), trained once and reused by every chapter through
-  :func:`fvlib.train.run_dir_for`;
+  :func:`fvlib.training.config.run_dir_for`;
 * :func:`train_all` -- train (or reload) a dict of configs, each into its ``run_dir_for``;
 * :func:`seed_configs` and :func:`train_seeds` -- the same configs at more seeds, trained
-  batched (:func:`fvlib.batched.train_many`) beside the runs of the configs' own seed;
+  batched (:func:`fvlib.training.batched.train_many`) beside the runs of the configs' own seed;
 * :func:`final_losses` -- the final excess losses and their standard errors of a list of runs;
 * :func:`depth_sweep` and :func:`depth_sweep_theory` -- model A with ``L = 1..K`` layers
   against model B with ``d = 1..K`` channels (several seeds, batched), and the theory curves
@@ -65,7 +65,6 @@ import numpy as np
 import torch
 
 from ._checks import check_int, check_number, check_seed
-from .batched import train_many
 from .models import hook_name
 from .priors import GaussianPrior, TreePrior
 from .stats import mean_and_stderr, squared_error
@@ -91,8 +90,9 @@ from .theory import (
     run_greedy,
 )
 from .theory.adaptive_opt import GreedyRule
-from .train import (IMITATION_RECIPE, ORIGINAL_RECIPE, TrainConfig, TrainResult, _sample_eval_batches,
-                    build_prior, per_context_losses, recipe_for, run_dir_for, train)
+from .training import (IMITATION_RECIPE, ORIGINAL_RECIPE, TrainConfig, TrainResult, build_prior, per_context_losses,
+                       recipe_for, run_dir_for, train, train_many)
+from .training.evaluate import sample_eval_batches
 from .workers import worker_pool
 
 __all__ = [
@@ -149,9 +149,9 @@ def shared_configs(
     """The SHARED configurations ``{(model, prior): TrainConfig}`` of the book.
 
     Depth ``K = 5``, ``alpha = 0.5``, ``N = 128``, ``sigma = 0``, budget ``M = 5``, 1500 steps,
-    trained with the book's original recipe (:data:`fvlib.train.ORIGINAL_RECIPE`, not the
+    trained with the book's original recipe (:data:`fvlib.training.config.ORIGINAL_RECIPE`, not the
     current ``TrainConfig`` defaults); ``overrides`` change any
-    :class:`~fvlib.train.TrainConfig` field for all of them (e.g. a bigger ``FULL`` run). With
+    :class:`~fvlib.training.config.TrainConfig` field for all of them (e.g. a bigger ``FULL`` run). With
     no overrides the run directories are shared between chapters.
     """
     base = dict(depth=5, alpha=0.5, n_ctx=128, noise_std=0.0, budget=5, steps=1500, **ORIGINAL_RECIPE)
@@ -193,8 +193,8 @@ def _work_item(item) -> TrainConfig | tuple[TrainConfig, ...]:
 def train_parallel(work: Sequence, jobs: int = 2, root=None) -> dict[str, float]:
     """Train every item of ``work``, ``jobs`` processes at a time, each process on one thread.
 
-    An item is a :class:`~fvlib.train.TrainConfig`, trained alone into ``run_dir_for(config,
-    root)``, or a list of them, trained together by one :func:`fvlib.batched.train_many` call
+    An item is a :class:`~fvlib.training.config.TrainConfig`, trained alone into ``run_dir_for(config,
+    root)``, or a list of them, trained together by one :func:`fvlib.training.batched.train_many` call
     into their ``run_dir_for`` directories. Each run is exactly the run that ``train`` (or
     ``train_many`` on the same list) gives on one thread: same directory, same numbers, since
     training is deterministic and the processes do not interact. Finished runs are loaded, not
@@ -228,14 +228,14 @@ IMITATION_STEPS = 3000
 def imitation_config(base: TrainConfig) -> TrainConfig:
     """Chapter 8's model A after the imitation warm start: ``base`` (the shared run of model A,
     at ``K = 5`` or, in the chapter's ``FULL`` setting, ``K = 6``) with the recipe
-    :data:`fvlib.train.IMITATION_RECIPE` (its router first fitted to the greedy policy) and
+    :data:`fvlib.training.config.IMITATION_RECIPE` (its router first fitted to the greedy policy) and
     :data:`IMITATION_STEPS` steps."""
     return replace(base, steps=IMITATION_STEPS, **IMITATION_RECIPE)
 
 
 def learning_config(base: TrainConfig) -> TrainConfig:
     """Chapter 8's model A with the recipe of ``python -m fvlib train``: ``base`` (the shared run
-    of model A) with :func:`fvlib.train.recipe_for` (:data:`fvlib.train.LEARNING_RECIPE`, on the
+    of model A) with :func:`fvlib.training.config.recipe_for` (:data:`fvlib.training.config.LEARNING_RECIPE`, on the
     tree its curriculum; no teacher: its random initialisation, nothing from a theory policy) and
     :data:`IMITATION_STEPS` steps, the imitation run's length, so the starts compare at the same
     number of steps."""
@@ -305,7 +305,7 @@ def seed_configs(config: TrainConfig, seeds: Sequence[int]) -> list[TrainConfig]
     Each copy changes ``seed`` (the initialisation) and keeps the training contexts and the
     evaluation set of ``config``: ``data_seed = config.effective_data_seed``. The copy at
     ``config``'s own seed is ``config`` itself (``data_seed`` untouched), so its run directory
-    (:func:`~fvlib.train.run_dir_for`) is the one of ``config``. The seeds then differ only in
+    (:func:`~fvlib.training.config.run_dir_for`) is the one of ``config``. The seeds then differ only in
     the initial weights: the spread over them is the training's own variability on fixed
     data, and differences between models are measured on the same contexts.
 
@@ -347,12 +347,12 @@ def train_seeds(configs: Mapping, seeds: Sequence[int], progress: bool = True,
     The run at the own seed of a config whose key is in ``alone`` (default: every key) is
     trained alone, as :func:`train_all` does, so it is bitwise the run that other chapters
     load from the same directory, whichever chapter trains it first; all the other runs, of
-    every config, are trained together in one :func:`fvlib.batched.train_many` call (their
+    every config, are trained together in one :func:`fvlib.training.batched.train_many` call (their
     final losses agree with training each alone to a relative ``1e-4``; configs of one
     architecture share a stack whatever their prior). Every run goes to its
-    :func:`~fvlib.train.run_dir_for` directory, and finished runs are loaded, not retrained.
+    :func:`~fvlib.training.config.run_dir_for` directory, and finished runs are loaded, not retrained.
 
-    ``threads``: torch CPU threads of the batched call (:func:`fvlib.batched.train_many`); the
+    ``threads``: torch CPU threads of the batched call (:func:`fvlib.training.batched.train_many`); the
     runs trained alone keep the current setting, so they stay bitwise those runs.
 
     Returns ``{key: [TrainResult, one per seed in the order of seeds]}``.
@@ -405,7 +405,7 @@ def depth_sweep_configs(budgets: Sequence[int], models: Sequence[str] = ("A", "B
     """The configs :func:`depth_sweep` trains: ``(grid, flat)``, ``grid[model]`` a list (one per
     seed) of lists (one per budget), ``flat`` all of them in the order of its one
     ``train_many`` call. Fields of ``config`` not given default to
-    :data:`fvlib.train.ORIGINAL_RECIPE`."""
+    :data:`fvlib.training.config.ORIGINAL_RECIPE`."""
     seeds = _check_seeds(seeds)
     config = {**ORIGINAL_RECIPE, **config}
     config.setdefault("data_seed", None)
@@ -428,14 +428,14 @@ def depth_sweep(
     """Train ``TrainConfig(model=X, budget=M, seed=s, **config)`` for every model, budget and seed.
 
     Model A with budget ``M`` has ``L = M`` layers of one channel; model B has one layer of
-    ``d = M`` channels. Every point is trained in one :func:`fvlib.batched.train_many` call
-    into its :func:`~fvlib.train.run_dir_for` directory (trained once, then reloaded); the
+    ``d = M`` channels. Every point is trained in one :func:`fvlib.training.batched.train_many` call
+    into its :func:`~fvlib.training.config.run_dir_for` directory (trained once, then reloaded); the
     seeds of a point share their data (:func:`seed_configs`: the contexts and evaluation set
     of ``data_seed`` if given, else of the first seed), and so do all the points, whose stacks
     then read one draw of contexts per step. The reported loss is the final evaluation
     (``history[-1]``: ``eval_contexts`` fresh contexts, the same for every point). ``threads``:
     torch CPU threads of that call (``None``: the current setting). Fields of ``config`` not
-    given default to :data:`fvlib.train.ORIGINAL_RECIPE`, the recipe the book's sweep used.
+    given default to :data:`fvlib.training.config.ORIGINAL_RECIPE`, the recipe the book's sweep used.
     """
     seeds = _check_seeds(seeds)
     grid, flat = depth_sweep_configs(budgets, models, seeds, **config)
@@ -914,7 +914,7 @@ def paired_ratio(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
 def greedy_paired(model, config: TrainConfig, *, contexts: int, seed: int) -> dict:
     """A trained model of a tree-prior run against the greedy policy on the *same* contexts.
 
-    The contexts are those of :func:`fvlib.train.evaluate` with the same ``contexts`` and ``seed``
+    The contexts are those of :func:`fvlib.training.evaluate.evaluate` with the same ``contexts`` and ``seed``
     (so ``greedy_loss`` sits beside the model's ``evaluate`` loss, context by context). Returns
     ``{"model_loss", "model_stderr", "greedy_loss", "greedy_stderr", "ratio", "ratio_stderr",
     "contexts"}``: ``ratio`` is the model's loss over greedy's with the standard error of the
@@ -925,7 +925,7 @@ def greedy_paired(model, config: TrainConfig, *, contexts: int, seed: int) -> di
     check_int("contexts", contexts, 2)
     check_seed("seed", seed)
     tree = build_prior(config)
-    batches = _sample_eval_batches(tree, config.n_ctx, config.noise_std, contexts, seed)
+    batches = sample_eval_batches(tree, config.n_ctx, config.noise_std, contexts, seed)
     errors = per_context_losses(model, batches)[0]
     tau2 = channel_tau2(tree, config.n_ctx, config.noise_std)
     greedy = []

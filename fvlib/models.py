@@ -13,7 +13,7 @@ A context of ``N`` tokens ``z_i = (x_i, y_i)`` and a query token ``x_q`` go in; 
 and the readout is ``theta_hat = decoder(Phi_L)`` in ``R^D``, ``y_hat_q = <theta_hat, x_q>``.
 Every contraction with the inputs (keys, pooling, the predictions of ``Q`` query tokens) is one
 function, :func:`measure`, whose ``torch.func.vmap`` rule lets stacked models read shared
-contexts once (:mod:`fvlib.batched`).
+contexts once (:mod:`fvlib.training.batched`).
 
 Router kinds:
 
@@ -346,7 +346,7 @@ class _Measure(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, tokens, directions):
-        """``torch.func.vmap`` over models (:mod:`fvlib.batched`): an operand that is not
+        """``torch.func.vmap`` over models (:mod:`fvlib.training.batched`): an operand that is not
         batched is shared by all ``k`` models and read once, the ``k`` models' rows or
         directions folded into one matrix product; the backward passes never read the
         tokens transposed."""

@@ -3,8 +3,8 @@
 Full mode uses the book's reference configuration (chapter 6, *Tree prior*, section "The
 reference configuration": tree K = 6, alpha = 0.5, N = 128, M = 6, 3000 training steps);
 ``quick`` mode a small one (K = 3, M = 3, 150 steps) that runs in about a minute on a laptop
-and is what the tests exercise. Both train with the :class:`~fvlib.train.TrainConfig` defaults
-(:data:`fvlib.train.RECIPE`: no teacher). Files written to ``out_dir``:
+and is what the tests exercise. Both train with the :class:`~fvlib.training.config.TrainConfig` defaults
+(:data:`fvlib.training.config.RECIPE`: no teacher). Files written to ``out_dir``:
 
 * ``theory.json`` -- :func:`fvlib.theory.theory_baselines` (with optimised directions);
 * ``dp.json`` -- DP and greedy values on a K = 3 tree (tau = 0.3 and 0.6);
@@ -21,7 +21,7 @@ from pathlib import Path
 from .patching import key_patching_sweep, theory_patching_sweep
 from .priors import TreePrior
 from .theory import dp_value, greedy_value, theory_baselines
-from .train import TrainConfig, compare_with_theory, run_dir_for, train
+from .training import TrainConfig, compare_with_theory, run_dir_for, train
 
 __all__ = ["ReproduceConfig", "reproduce"]
 

@@ -7,10 +7,10 @@ transformers at ``K = 4``. Each is an :class:`Experiment` of :data:`EXPERIMENTS`
 (:func:`results_dir`), which the chapters read (:func:`load_result`) and CI re-checks
 (``experiment verify NAME``).
 
-* **Work items.** An experiment is a list of runs (:class:`~fvlib.train.TrainConfig`), grouped
+* **Work items.** An experiment is a list of runs (:class:`~fvlib.training.config.TrainConfig`), grouped
   into work items: the seeds of one point, trained together by
-  :func:`fvlib.batched.train_many` on one thread. ``--jobs N`` trains ``N`` items at a time in
-  separate processes. Checkpoints go to :func:`fvlib.train.run_dir_for` directories under the
+  :func:`fvlib.training.batched.train_many` on one thread. ``--jobs N`` trains ``N`` items at a time in
+  separate processes. Checkpoints go to :func:`fvlib.training.config.run_dir_for` directories under the
   run root, so a killed experiment resumes where its checkpoints stand.
 * **Results, added as they finish.** After every item the parent process adds the item's runs
   to ``results/NAME.json`` (temporary file + ``os.replace``), each with its full config, its
@@ -53,13 +53,11 @@ import torch
 from tqdm.auto import tqdm
 
 from .experiments import gap_table, greedy_paired
-from .batched import train_many
 from .priors import TreePrior
 from .theory.fits import fit_decay
 from .theory import channel_tau2, evaluate_strategies, noisefree_adaptive_loss, noisefree_nodes_loss, best_fixed_nodes
-from .train import (ADDED_FIELD_DEFAULTS, EVAL_SEED_OFFSET, IMITATION_RECIPE, RECIPE, TRANSFORMER_RECIPE, TrainConfig,
-                    curriculum_start, resolve_device,
-                    run_dir_for, theory_reference, train)
+from .training import (EVAL_SEED_OFFSET, IMITATION_RECIPE, RECIPE, TRANSFORMER_RECIPE, TrainConfig, curriculum_start,
+                       resolve_device, run_dir_for, theory_reference, train, train_many)
 from .workers import worker_pool
 
 __all__ = [
@@ -142,7 +140,7 @@ class Experiment:
         description: one line for ``experiment list``.
         chapter: the chapter that reads it.
         items: tuples of :class:`Run`; the runs of one item are trained by one
-            :func:`fvlib.batched.train_many` call.
+            :func:`fvlib.training.batched.train_many` call.
         theory: ``() -> dict`` of JSON-able reference values of the configuration.
         gap_variants: variants whose tree runs get :func:`fvlib.experiments.gap_table`.
         max_doublings: how many times a run that has not converged is retrained with twice the
@@ -166,10 +164,10 @@ class Experiment:
         return {r.key: r for r in self.runs}
 
 
-#: The warm-start fields of the :class:`~fvlib.train.TrainConfig` defaults when the runs of
+#: The warm-start fields of the :class:`~fvlib.training.config.TrainConfig` defaults when the runs of
 #: model B, model C and the transformers were stored (those of
-#: :data:`~fvlib.train.IMITATION_RECIPE`). They act on model A on the tree only
-#: (:attr:`~fvlib.train.TrainConfig.warm_starts`), so these runs trained without a warm start;
+#: :data:`~fvlib.training.config.IMITATION_RECIPE`). They act on model A on the tree only
+#: (:attr:`~fvlib.training.config.TrainConfig.warm_starts`), so these runs trained without a warm start;
 #: their configs keep the fields so that they stay the stored ones.
 STORED_WARM_START_FIELDS = {k: IMITATION_RECIPE[k] for k in ("router_warm_start", "router_lr_scale")}
 
@@ -181,8 +179,8 @@ def _key(variant: str, config: TrainConfig) -> str:
 #: Settings every trained run of the store shares: 20 evaluations (so the last fifth of the
 #: steps begins at an evaluation), the data of seed 0 for every seed (common random numbers:
 #: the seeds differ only in their initial weights), the checkpoints every 500 steps.
-#: ``A-scratch`` is model A with :data:`~fvlib.train.RECIPE` (no teacher), ``A-warm`` model A
-#: with :data:`~fvlib.train.IMITATION_RECIPE` (the imitation warm start), ``B`` and ``C`` RECIPE
+#: ``A-scratch`` is model A with :data:`~fvlib.training.config.RECIPE` (no teacher), ``A-warm`` model A
+#: with :data:`~fvlib.training.config.IMITATION_RECIPE` (the imitation warm start), ``B`` and ``C`` RECIPE
 #: with :data:`STORED_WARM_START_FIELDS`.
 def _constrained(variant: str, steps: int = 3000, **task) -> TrainConfig:
     recipe = {"A-scratch": RECIPE, "A-warm": IMITATION_RECIPE}.get(variant,
@@ -222,7 +220,7 @@ def _tree_theory(depth: int, alpha: float, n_ctx: int, noise_std: float, budgets
 
 
 def _reference_theory(task: dict, arch_runs: Sequence[TrainConfig]):
-    """Each variant's matching reference (:func:`fvlib.train.theory_reference`) on both priors."""
+    """Each variant's matching reference (:func:`fvlib.training.evaluate.theory_reference`) on both priors."""
 
     def compute() -> dict:
         out = {}
@@ -266,8 +264,8 @@ def _reference_k6() -> Experiment:
 
 
 #: The recipes of :func:`_recipes_a`, each model A from its random initialisation (no teacher),
-#: by the name its runs are stored under: :data:`~fvlib.train.RECIPE` (the stored experiments'
-#: recipe), then one change at a time up to :data:`~fvlib.train.LEARNING_RECIPE` with its
+#: by the name its runs are stored under: :data:`~fvlib.training.config.RECIPE` (the stored experiments'
+#: recipe), then one change at a time up to :data:`~fvlib.training.config.LEARNING_RECIPE` with its
 #: curriculum (the recipe of ``python -m fvlib train``). ``alpha_start`` is filled in per task.
 RECIPE_STEPS = {
     "RECIPE": {},
@@ -589,11 +587,11 @@ def stored(name: str, *, recompute: bool = False, device: str = "auto", director
 
 def _same_config(stored: dict, defined: TrainConfig, max_doublings: int = MAX_DOUBLINGS) -> bool:
     """A stored run's config is the defined one, up to the device and a doubled step count (a
-    config stored before a field of :data:`fvlib.train.ADDED_FIELD_DEFAULTS` existed had its
-    default)."""
+    config stored before a field of :data:`fvlib.training.config.ADDED_FIELDS` existed reads it
+    at the value that changes nothing, :meth:`fvlib.training.config.TrainConfig.from_dict`)."""
     ignore = {"device", "steps", "eval_every"}
     ours = defined.to_dict()
-    stored = {**ADDED_FIELD_DEFAULTS, **stored}
+    stored = TrainConfig.from_dict(stored).to_dict()
     if any(stored.get(k) != v for k, v in ours.items() if k not in ignore):
         return False
     ratio = stored["steps"] / defined.steps

@@ -28,7 +28,7 @@ Arrangements (``d`` = value rank per layer, ``L`` = depth, budget ``M = d L``):
   per layer; then an MLP. Queries can weight the context by ``x_q``-dependent attention
   (kernel regression), so the limit of ``d`` numbers per layer does not bind.
 
-Training. :func:`fvlib.train.train` trains these models (``TrainConfig(arch="transformer")`` or
+Training. :func:`fvlib.training.loop.train` trains these models (``TrainConfig(arch="transformer")`` or
 ``arch="transformer-open"``; ``width`` is ``d_model``). What the bottlenecked model A' needs on
 a CPU budget, measured on the tree (``K = 3``, ``alpha = 0.7``, ``N = 32``, ``sigma = 0``, ``M
 = 3``; batch 64, ``d_model`` 32, 1000 steps, Adam with cosine decay): the number of query
@@ -38,9 +38,9 @@ tokens per context matters most (16 queries: excess loss 0.26 at lr ``2e-3``; 32
 ``product`` 0.26 at 16 queries and lr ``2e-3``; at ``5e-3`` 0.54 against 0.85). Single runs,
 seed 0. Through the CLI at seed 1 (evaluated on 8192 fresh contexts): 32 queries 0.144 (seed 2:
 0.063), 64 queries 0.049, against B' 0.187 with 64 queries, so seeds spread widely at 32
-queries. The :class:`~fvlib.train.TrainConfig` defaults (:data:`fvlib.train.RECIPE`) are the
+queries. The :class:`~fvlib.training.config.TrainConfig` defaults (:data:`fvlib.training.config.RECIPE`) are the
 constrained models'; ``python -m fvlib train --arch transformer`` takes
-:data:`fvlib.train.TRANSFORMER_RECIPE` (lr ``2e-3``, 64 queries, batch 64, ``d_model`` 32)
+:data:`fvlib.training.config.TRANSFORMER_RECIPE` (lr ``2e-3``, 64 queries, batch 64, ``d_model`` 32)
 where no flag is given.
 
 Hook points (names are module paths; layers numbered from 1, as in the book)::
@@ -286,7 +286,7 @@ class StandardTransformer(HookedModel):
     ``forward(batch)`` or ``forward(x (B, N, D), y (B, N), x_query (B, D) or (B, Q, D))``
     returns the query predictions, ``(B,)`` or ``(B, Q)``. There is no ``theta_hat``: the
     prediction need not be linear in ``x_q``, so the excess loss is measured against the
-    noise-free target ``<theta, x_q>`` (see :func:`fvlib.train.evaluate`).
+    noise-free target ``<theta, x_q>`` (see :func:`fvlib.training.evaluate.evaluate`).
     """
 
     def __init__(self, config: TransformerConfig):

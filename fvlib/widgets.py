@@ -64,7 +64,7 @@ from .plots.style import MODEL_COLORS, OKABE_ITO, STRATEGY_LABELS
 from .plots.training import theory_label
 from .priors import GaussianPrior, TreePrior
 from .task import make_generator
-from .train import (EVAL_SEED_OFFSET, RunDirError, TrainConfig, build_prior, checkpoint_step, evaluate, load_history,
+from .training import (EVAL_SEED_OFFSET, RunDirError, TrainConfig, build_prior, checkpoint_step, evaluate, load_history,
                     run_dir_for, theory_reference, train)
 
 __all__ = [
@@ -423,8 +423,8 @@ def _strategy_live(depth, budget, alpha, n_ctx, noise_std, samples, seed) -> Liv
 # ----------------------------------------------------------------------------------------
 def training_state(config: TrainConfig, history: list[dict], reference: Mapping) -> dict | None:
     """What the training explorer shows of a run: its evaluation history (``history``, as
-    :func:`fvlib.train.load_history` returns it) beside its theory baseline (``reference``, as
-    :func:`fvlib.train.theory_reference` returns it); ``None`` when the run has no history.
+    :func:`fvlib.training.checkpoint.load_history` returns it) beside its theory baseline (``reference``, as
+    :func:`fvlib.training.evaluate.theory_reference` returns it); ``None`` when the run has no history.
 
     Returns ``{"model", "prior", "total_steps", "eval_contexts", "steps", "loss", "stderr"
     (one entry per evaluation), "theory", "theory_stderr", "theory_name", "theory_label" (its
@@ -472,7 +472,7 @@ class TrainingExplorer(Explorer):
         progress: the tqdm (notebook) bar: between sessions the run's steps trained out of its
             total, while training this session's steps out of the steps still to do (so its
             rate is this session's).
-        result: the last :class:`fvlib.train.TrainResult`, or ``None``.
+        result: the last :class:`fvlib.training.loop.TrainResult`, or ``None``.
     """
 
     def __init__(self, base: TrainConfig, run_root, reference_samples: int, fixed_eval: bool = False):
@@ -501,7 +501,7 @@ class TrainingExplorer(Explorer):
 
     # -- configuration ---------------------------------------------------------------------
     def config(self, model: str | None = None, prior: str | None = None, steps: int | None = None) -> TrainConfig:
-        """The :class:`~fvlib.train.TrainConfig` at the current control values (or at the
+        """The :class:`~fvlib.training.config.TrainConfig` at the current control values (or at the
         ``model``, ``prior`` and ``steps`` given)."""
         values = self.values()
         model, prior = values["model"] if model is None else model, values["prior"] if prior is None else prior
@@ -689,15 +689,15 @@ def training_explorer(
 ) -> TrainingExplorer:
     """Model A/B/C, prior (``tree``, ``gaussian-twin``, ``gaussian``) and steps: press *Train* to
     train with a progress bar; the figure shows the evaluation loss against the matching theory
-    baseline (:func:`fvlib.train.theory_reference`, ``reference_samples`` contexts).
+    baseline (:func:`fvlib.training.evaluate.theory_reference`, ``reference_samples`` contexts).
 
     The other settings are fixed when the explorer is made: either all of them from ``base``
-    (a :class:`~fvlib.train.TrainConfig`, e.g. one of the book's shared runs; ``model``,
+    (a :class:`~fvlib.training.config.TrainConfig`, e.g. one of the book's shared runs; ``model``,
     ``prior`` and ``steps`` then start at its values and it keeps its ``eval_every``), or
     ``depth``, ``budget``, ``n_ctx``, ``noise_std`` and any other ``TrainConfig`` field in
     ``config`` (``eval_contexts`` defaults to 512 here, and unless ``eval_every`` is given the
     run is evaluated 20 times). The defaults train model A in about 30 s on one CPU core.
-    Runs are saved under ``run_root`` (default: as :func:`fvlib.train.run_dir_for`), so a run
+    Runs are saved under ``run_root`` (default: as :func:`fvlib.training.config.run_dir_for`), so a run
     a chapter trained is shown without retraining. ``summary`` holds ``config``,
     ``steps_done``, ``final_loss``, ``theory``, ``theory_name``, ``history`` and ``status``.
     """

@@ -12,7 +12,7 @@
 * Ctrl-C reaches the whole process group, workers included.
 
 A worker killed in the middle of a checkpoint leaves its run at the previous checkpoint
-(:mod:`fvlib.checkpoint`).
+(:mod:`fvlib.training.rundir`).
 """
 
 from __future__ import annotations

@@ -105,9 +105,9 @@ def test_reproduce_quick_writes_every_result_file(tmp_path):
 
 
 def test_train_uses_the_trainconfig_recipe_and_takes_overrides(tmp_path):
-    """Without recipe flags the run has the learning recipe (fvlib.train.LEARNING_RECIPE: RECIPE,
+    """Without recipe flags the run has the learning recipe (fvlib.training.LEARNING_RECIPE: RECIPE,
     batch 512, expected loss; on the tree a curriculum), and a flag overrides it."""
-    from fvlib.train import LEARNING_RECIPE, load_run
+    from fvlib.training import LEARNING_RECIPE, load_run
 
     common = ["train", "--model", "C", "--depth", "2", "--n-ctx", "8", "--budget", "2", "--steps", "5",
               "--no-progress", "--json"]
@@ -125,7 +125,7 @@ def test_train_uses_the_trainconfig_recipe_and_takes_overrides(tmp_path):
 def test_train_transformer_defaults_are_the_transformer_recipe(tmp_path):
     """--arch transformer without recipe flags trains with TRANSFORMER_RECIPE (the constrained
     models' learning rate diverges there); a flag still overrides it."""
-    from fvlib.train import TRANSFORMER_RECIPE, load_run, recipe_for
+    from fvlib.training import TRANSFORMER_RECIPE, load_run, recipe_for
 
     common = ["train", "--arch", "transformer", "--model", "A", "--depth", "2", "--n-ctx", "8",
               "--budget", "2", "--steps", "3", "--no-progress", "--json"]
@@ -144,7 +144,7 @@ def test_train_transformer_defaults_are_the_transformer_recipe(tmp_path):
 
 def test_train_router_warm_start_flags(tmp_path):
     """The two flags set the recipe's router fields, and 0 steps turn the warm start off."""
-    from fvlib.train import load_run
+    from fvlib.training import load_run
 
     common = ["train", "--model", "A", "--depth", "2", "--n-ctx", "8", "--budget", "2", "--steps", "3",
               "--batch", "8", "--queries", "4", "--width", "8", "--no-progress", "--json"]
@@ -162,9 +162,9 @@ def test_train_has_no_teacher_by_default_and_short_runs_train_their_steps(tmp_pa
     fits no warm start and takes exactly 40 optimiser steps. --imitation turns on the
     imitation warm start (IMITATION_RECIPE's 600 regression steps, here spied on, not run),
     and each run's config.json says which start it had."""
-    import fvlib.train as train_module
+    import fvlib.training.loop as train_module
     from fvlib.cli import main
-    from fvlib.train import IMITATION_RECIPE, load_run
+    from fvlib.training import IMITATION_RECIPE, load_run
 
     warm_starts, steps = [], []
     real_step = train_module.training_step

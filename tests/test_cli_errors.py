@@ -25,11 +25,11 @@ def guarded(monkeypatch):
     """The CLI with its expensive entry points replaced by :func:`_never`."""
     import fvlib.patching
     import fvlib.theory
-    import fvlib.train
+    import fvlib.training
 
     monkeypatch.setattr(cli, "_memory_limit", lambda device=None: MEMORY)
-    for module, name in ((fvlib.theory, "theory_baselines"), (fvlib.train, "train"),
-                         (fvlib.train, "load_run"), (fvlib.patching, "key_patching_sweep")):
+    for module, name in ((fvlib.theory, "theory_baselines"), (fvlib.training, "train"),
+                         (fvlib.training, "load_run"), (fvlib.patching, "key_patching_sweep")):
         monkeypatch.setattr(module, name, _never)
 
 
@@ -139,7 +139,7 @@ def test_documented_train_usages_fit_in_16_gb():
     """The runs the chapters train, the stored experiments' runs and the README's example."""
     from fvlib.experiments import warm_work
     from fvlib.store import EXPERIMENTS
-    from fvlib.train import TrainConfig, estimate_memory
+    from fvlib.training import TrainConfig, estimate_memory
 
     configs = [c for item in warm_work() for c in (item if isinstance(item, list) else [item])]
     configs += [run.config for e in EXPERIMENTS.values() for run in e.runs]

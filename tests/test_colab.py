@@ -20,7 +20,7 @@ from IPython.core.inputtransformer2 import TransformerManager
 from packaging.requirements import Requirement
 
 import fvlib
-from fvlib.train import TrainConfig, resolve_device
+from fvlib.training import TrainConfig, resolve_device
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("sync_colab_cells", ROOT / "scripts" / "sync_colab_cells.py")

@@ -12,7 +12,7 @@ from fvlib.cli import GAP_ROWS, main
 from fvlib.experiments import gap_table, router_bayes_decode, router_directions, router_policy_alignment
 from fvlib.theory.adaptive_opt import FixedRows, GreedyRule
 from fvlib.models import FVTransformer, model_a, model_config
-from fvlib.train import TrainConfig, load_run, train
+from fvlib.training import TrainConfig, load_run, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -241,7 +241,7 @@ def test_gap_of_a_missing_run_is_one_line(tmp_path, capsys):
 
 def test_greedy_paired_is_on_the_evaluate_contexts():
     from fvlib.experiments import greedy_paired, paired_ratio
-    from fvlib.train import evaluate
+    from fvlib.training import evaluate
     tree, model, _ = _model_and_batch(budget=2)
     config = TrainConfig(depth=3, budget=2, n_ctx=64, noise_std=0.1, steps=1)
     out = greedy_paired(model, config, contexts=700, seed=4)

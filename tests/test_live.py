@@ -168,7 +168,7 @@ def test_strategy_grid_matches_the_widget_at_every_budget(monkeypatch):
 
 
 def test_training_grid_is_the_recorded_runs(tmp_path):
-    from fvlib.train import TrainConfig, run_dir_for, train
+    from fvlib.training import TrainConfig, run_dir_for, train
 
     base = TrainConfig(model="A", depth=3, budget=3, n_ctx=32, steps=100, batch=32, queries=4, width=16,
                        eval_every=50, eval_contexts=64, device="cpu", router_warm_start=0)
@@ -266,7 +266,7 @@ def test_built_strategy_explorer_recomputes():
 
 def test_built_training_explorer_is_the_recorded_runs():
     from fvlib.experiments import shared_configs
-    from fvlib.train import load_history, run_dir_for, theory_reference
+    from fvlib.training import load_history, run_dir_for, theory_reference
 
     _, data = _spec("training")
     configs = shared_configs()

@@ -16,7 +16,7 @@ from fvlib.patching import (
     probe_workspace,
     transplant_workspace,
 )
-from fvlib.train import TrainConfig, train
+from fvlib.training import TrainConfig, train
 
 K, N = 3, 64
 TREE = make_prior("tree", K, 0.5)

@@ -13,7 +13,7 @@ from fvlib import GaussianPrior, TreePrior, make_generator  # noqa: E402
 from fvlib.experiments import decay_sweep  # noqa: E402
 from fvlib.patching import patch_level_effect, theory_patching_sweep  # noqa: E402
 from fvlib.plots import channel, decay, explorers, interventions, style, training, trees  # noqa: E402
-from fvlib.train import TrainConfig  # noqa: E402
+from fvlib.training import TrainConfig  # noqa: E402
 
 
 def test_one_palette_and_one_set_of_labels():

@@ -19,7 +19,7 @@ from fvlib.plots.training import (  # noqa: E402
 )
 from fvlib.theory import channel_tau2, gaussian_coordinate_loss, tree_posterior_cov, twin_finite_n_loss  # noqa: E402
 from fvlib.plots.style import STRATEGY_LABELS  # noqa: E402
-from fvlib.train import ORIGINAL_RECIPE, TrainConfig, run_dir_for  # noqa: E402
+from fvlib.training import ORIGINAL_RECIPE, TrainConfig, run_dir_for  # noqa: E402
 
 
 def teardown_function():
@@ -157,9 +157,9 @@ def test_train_seeds_trains_the_own_seed_alone_and_the_others_batched(tmp_path, 
 def test_train_seeds_alone_names_the_own_seed_runs_trained_alone(tmp_path, monkeypatch):
     """Keys left out of ``alone`` train their own seed in the batched call (with the other
     seeds, one stack): the run of that call, within float rounding of the run trained alone."""
-    from fvlib.batched import train_many
+    from fvlib.training.batched import train_many
     from fvlib.experiments import seed_configs, train_seeds
-    from fvlib.train import train
+    from fvlib.training import train
 
     monkeypatch.setenv("FVLIB_RUN_ROOT", str(tmp_path))
     configs = {"a": TrainConfig(budget=2, **TINY_SWEEP), "b": TrainConfig(model="B", budget=2, **TINY_SWEEP)}

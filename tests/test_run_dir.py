@@ -1,4 +1,4 @@
-"""Run directories you can trust (fvlib.checkpoint): a kill or a full disk during a checkpoint
+"""Run directories you can trust (fvlib.training.rundir): a kill or a full disk during a checkpoint
 leaves the previous one, corrupt or edited files are named, a second writer waits, a diverging
 run stops at its last good checkpoint, and worker processes end with their parent."""
 
@@ -17,10 +17,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import fvlib.checkpoint as ckpt
-from fvlib.checkpoint import CheckpointWriteError, RunDirError, RunLock
+import fvlib.training.rundir as ckpt
+from fvlib.training.rundir import CheckpointWriteError, RunDirError, RunLock
 from fvlib.cli import main
-from fvlib.train import TrainConfig, TrainingDiverged, load_history, load_run, train
+from fvlib.training import TrainConfig, TrainingDiverged, load_history, load_run, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = TrainConfig(model="A", depth=2, n_ctx=8, budget=2, steps=6, batch=8, queries=4, width=8,
                     hidden_layers=1, router_warm_start=0, eval_every=2, eval_contexts=16,
                     checkpoint_every=2, device="cpu")
-#: The events of one checkpoint, in order (fvlib.checkpoint.commit): staging the three files,
+#: The events of one checkpoint, in order (fvlib.training.rundir.commit): staging the three files,
 #: writing the manifest's temporary file, renaming it into place (the commit), three renames.
 EVENTS = ["write state", "write model", "write history", "write manifest", "commit manifest",
           "rename state", "rename model", "rename history"]
@@ -69,10 +69,10 @@ class Killed(BaseException):
 
 def fail_at(monkeypatch, event: int, error: BaseException, at_step: int = 4):
     """Make the ``event``-th write or rename (:data:`EVENTS`) of the checkpoint of ``at_step`` raise."""
-    import fvlib.train
+    import fvlib.training.checkpoint
 
     seen = {"armed": False, "count": 0}
-    write, replace, commit = ckpt._write_bytes, ckpt._replace, fvlib.train.commit
+    write, replace, commit = ckpt._write_bytes, ckpt._replace, fvlib.training.checkpoint.commit
 
     def counted(real):
         def wrapper(*args):
@@ -92,7 +92,7 @@ def fail_at(monkeypatch, event: int, error: BaseException, at_step: int = 4):
 
     monkeypatch.setattr(ckpt, "_write_bytes", counted(write))
     monkeypatch.setattr(ckpt, "_replace", counted(replace))
-    monkeypatch.setattr(fvlib.train, "commit", arming_commit)
+    monkeypatch.setattr(fvlib.training.checkpoint, "commit", arming_commit)
 
 
 # ----- a kill between the files of a checkpoint ----------------------------------------------
@@ -113,8 +113,8 @@ def test_a_kill_during_a_checkpoint_leaves_a_run_that_resumes_exactly(tmp_path, 
 
 KILL_SCRIPT = """
 import os, signal, sys
-import fvlib.checkpoint as ckpt
-from fvlib.train import TrainConfig, train
+import fvlib.training.rundir as ckpt
+from fvlib.training import TrainConfig, train
 config = TrainConfig(**{config})
 calls = {{"n": 0}}
 real = ckpt.{function}
@@ -317,7 +317,7 @@ def test_a_file_system_without_flock_trains_unlocked(tmp_path, monkeypatch):
 
 HOLDER = """
 import sys, time
-from fvlib.checkpoint import RunLock
+from fvlib.training.rundir import RunLock
 with RunLock(sys.argv[1]):
     print("locked", flush=True)
     time.sleep(float(sys.argv[2]))
@@ -355,7 +355,7 @@ def test_a_diverging_run_stops_at_its_last_good_checkpoint(tmp_path):
 
 
 def test_train_many_stops_a_diverging_run_too(tmp_path):
-    from fvlib.batched import train_many
+    from fvlib.training.batched import train_many
 
     good, bad = SMALL, dataclasses.replace(SMALL, lr=1e6, steps=20)
     with pytest.raises(TrainingDiverged, match="diverged"):
@@ -397,7 +397,7 @@ def no_work(tmp_path, monkeypatch):
         pytest.fail("the command started its work")
 
     monkeypatch.setenv("FVLIB_RESULTS_DIR", str(tmp_path / "results"))
-    for target in ("fvlib.train.train", "fvlib.experiments.train_parallel", "fvlib.reproduce.reproduce",
+    for target in ("fvlib.training.train", "fvlib.experiments.train_parallel", "fvlib.reproduce.reproduce",
                    "fvlib.store.run"):
         monkeypatch.setattr(target, work)
 
@@ -427,7 +427,7 @@ def test_an_unwritable_run_directory_fails_before_training(tmp_path, monkeypatch
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
 
     monkeypatch.setattr(ckpt.tempfile, "mkstemp", refuse)  # what a read-only place does, for any user
-    monkeypatch.setattr("fvlib.train.build_model", lambda *a: pytest.fail("built a model"))
+    monkeypatch.setattr("fvlib.training.loop.build_model", lambda *a: pytest.fail("built a model"))
     with pytest.raises(RunDirError, match="run is not writable .*Permission denied"):
         train(SMALL, out_dir=tmp_path / "run", progress=False)
 
@@ -477,7 +477,7 @@ def alive(pids) -> set[int]:
 PARALLEL = """
 import sys
 from fvlib.experiments import train_parallel
-from fvlib.train import TrainConfig
+from fvlib.training import TrainConfig
 config = TrainConfig(**{config})
 train_parallel([config, TrainConfig(**{{**config.to_dict(), "seed": 1}})], jobs=2, root=sys.argv[1])
 """

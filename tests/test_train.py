@@ -1,4 +1,4 @@
-"""Training, evaluation, checkpoints and resumption (fvlib.train)."""
+"""Training, evaluation, checkpoints and resumption (fvlib.training)."""
 
 import dataclasses
 import json
@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from fvlib import make_prior
 from fvlib.models import make_model
-from fvlib.train import (
+from fvlib.training import (
     EVAL_SEED_OFFSET,
     IMITATION_RECIPE,
     ORIGINAL_RECIPE,
@@ -383,7 +383,7 @@ def test_load_history_reads_the_history_without_the_weights(tmp_path):
 
 
 def test_progress_is_switched_off_by_tqdm_disable(monkeypatch):
-    from fvlib.train import progress_shown
+    from fvlib.training.loop import progress_shown
 
     monkeypatch.delenv("TQDM_DISABLE", raising=False)
     assert progress_shown(True) and not progress_shown(False)
@@ -416,7 +416,7 @@ def test_estimate_memory_counts_what_training_holds():
     """The estimate is the float32 numbers of the evaluation set and the batch plus four copies of
     the parameters (weights, gradients, two Adam moments): exact in its parts, and it grows with
     every size flag of the CLI."""
-    from fvlib.train import build_model, estimate_memory
+    from fvlib.training import build_model, estimate_memory
 
     config = dataclasses.replace(TINY, queries=1)
     D = 2**config.depth - 1

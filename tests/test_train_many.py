@@ -1,4 +1,4 @@
-"""Batched training (fvlib.batched.train_many) against training alone (fvlib.train.train)."""
+"""Batched training (fvlib.training.train_many) against training alone (fvlib.training.train)."""
 
 import dataclasses
 import json
@@ -7,9 +7,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from fvlib.batched import train_many
+from fvlib.training.batched import train_many
 from fvlib.experiments import shared_configs
-from fvlib.train import (EVAL_SEED_OFFSET, ORIGINAL_RECIPE, RunDirError, TrainConfig, build_prior,
+from fvlib.training import (EVAL_SEED_OFFSET, ORIGINAL_RECIPE, RunDirError, TrainConfig, build_prior,
                          evaluate, load_run, run_dir_for, train)
 
 #: Tiny but real: tree K=3 (D=7), N=32, budget 3, 40 steps.
@@ -201,7 +201,7 @@ def test_shared_runs_keep_their_directories():
 
 
 def test_stacks_split_by_warmup():
-    from fvlib.batched import _stack_key
+    from fvlib.training.batched import _stack_key
 
     assert _stack_key(TINY) != _stack_key(dataclasses.replace(TINY, warmup=0.1))
 
@@ -239,11 +239,11 @@ def test_bad_input_raises_naming_it(configs, out_dirs, until_step, message):
 def test_threads_are_set_for_the_loop_and_restored(monkeypatch):
     import torch
 
-    from fvlib.batched import train_many
-    from fvlib.train import TrainConfig
+    from fvlib.training.batched import train_many
+    from fvlib.training import TrainConfig
 
     seen = []
-    import fvlib.batched as batched
+    import fvlib.training.batched as batched
 
     original = batched._make_stacks
 
@@ -320,7 +320,7 @@ def test_chapter_run_configs_are_the_chapters_runs():
     transformers."""
     from fvlib.experiments import (TRANSFORMER_CHAPTER, imitation_config, learning_config,
                                    transformer_chapter_configs, warm_work)
-    from fvlib.train import IMITATION_RECIPE, LEARNING_RECIPE, curriculum_start
+    from fvlib.training import IMITATION_RECIPE, LEARNING_RECIPE, curriculum_start
 
     base = shared_configs()[("A", "tree")]
     new = imitation_config(base)

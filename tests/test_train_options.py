@@ -1,4 +1,4 @@
-"""Training options that are off by default (fvlib.train.TrainConfig): the expected query loss and
+"""Training options that are off by default (fvlib.training.TrainConfig): the expected query loss and
 the curriculum over the tree's decay."""
 
 import dataclasses
@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from fvlib import make_prior
-from fvlib.batched import train_many
+from fvlib.training.batched import train_many
 from fvlib.models import make_model
 from fvlib.task import make_generator, sample_task
-from fvlib.train import (TrainConfig, expected_query_loss, query_loss, run_dir_for, sample_queries, train,
+from fvlib.training import (TrainConfig, expected_query_loss, query_loss, run_dir_for, sample_queries, train,
                          training_prior)
 
 #: Tree K=3 (D=7), N=32, budget 3: small and quick.
@@ -94,7 +94,7 @@ def test_bad_curriculum_raises(changes):
 
 def test_cli_train_takes_the_options(tmp_path):
     from fvlib.cli import main
-    from fvlib.train import load_run
+    from fvlib.training import load_run
 
     common = ["train", "--model", "A", "--depth", "2", "--n-ctx", "8", "--budget", "2", "--steps", "5",
               "--batch", "8", "--width", "8", "--device", "cpu", "--no-progress", "--json"]
@@ -118,7 +118,7 @@ def test_cli_train_takes_the_options(tmp_path):
 
 @pytest.mark.parametrize("alpha, start", [(0.5, 0.7), (0.4, 0.64), (0.9, 0.94), (1.0, 1.0)])
 def test_curriculum_start_lies_between_alpha_and_one(alpha, start):
-    from fvlib.train import curriculum_start
+    from fvlib.training import curriculum_start
 
     assert curriculum_start(alpha) == pytest.approx(start, abs=1e-12)
     assert alpha <= curriculum_start(alpha) <= 1
@@ -127,7 +127,7 @@ def test_curriculum_start_lies_between_alpha_and_one(alpha, start):
 def test_recipe_for_each_arch_and_prior():
     """python -m fvlib train's recipe: the learning recipe for constrained models, with the
     curriculum on the tree only; the transformers' own recipe (sampled loss) otherwise."""
-    from fvlib.train import LEARNING_RECIPE, RECIPE, TRANSFORMER_RECIPE, recipe_for
+    from fvlib.training import LEARNING_RECIPE, RECIPE, TRANSFORMER_RECIPE, recipe_for
 
     assert recipe_for("constrained", "tree", 0.3) == {**LEARNING_RECIPE, "alpha_start": 0.58}
     assert recipe_for("constrained", "gaussian-twin", 0.3) == LEARNING_RECIPE

@@ -1,5 +1,5 @@
 """The standard transformers of fvlib.transformer: shapes, exchangeability, the bottleneck,
-hooks, training through fvlib.train (checkpoints, resume) and the CLI."""
+hooks, training through fvlib.training (checkpoints, resume) and the CLI."""
 
 import dataclasses
 import json
@@ -11,7 +11,7 @@ import torch
 
 from fvlib import make_prior, sample_task, make_generator
 from fvlib.models import ActivationCache
-from fvlib.train import TrainConfig, load_run, run_dir_for, train, evaluate, build_prior
+from fvlib.training import TrainConfig, load_run, run_dir_for, train, evaluate, build_prior
 from fvlib.transformer import (
     ARRANGEMENTS,
     TRANSFORMER_LAYER_HOOKS,

@@ -11,7 +11,7 @@ import torch
 
 from fvlib import make_generator, make_prior
 from fvlib.patching import level_overlap, patching_pairs, probe_workspace
-from fvlib.train import TrainConfig, train
+from fvlib.training import TrainConfig, train
 from fvlib.transformer import make_transformer, transformer_hook_name
 from fvlib.transformer_patching import (
     PROBE_QUERY_SEED_OFFSET,

@@ -1,4 +1,4 @@
-"""The router warm start at the greedy policy (fvlib.warm_start) and its TrainConfig fields."""
+"""The router warm start at the greedy policy (fvlib.training.warm_start) and its TrainConfig fields."""
 
 import dataclasses
 
@@ -9,8 +9,8 @@ from fvlib.models import model_a, model_b
 from fvlib.priors import TreePrior
 from fvlib.task import make_generator, sample_task
 from fvlib.theory import channel_tau2
-from fvlib.train import (ORIGINAL_RECIPE, TrainConfig, build_model, parameter_groups, run_dir_for, train)
-from fvlib.warm_start import greedy_targets, router_imitation_loss, warm_start_router
+from fvlib.training import (ORIGINAL_RECIPE, TrainConfig, build_model, parameter_groups, run_dir_for, train)
+from fvlib.training.warm_start import greedy_targets, router_imitation_loss, warm_start_router
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -90,7 +90,7 @@ def test_a_run_that_does_not_warm_start_resumes_whatever_its_warm_start_fields(t
     """A model B run saved when the defaults had a warm start (600 steps, scale 0.1: inert for
     B) is the run of the same config under the teacher-free defaults: same directory, reloaded
     rather than refused. Where the fields act (model A on the tree) a change is refused."""
-    from fvlib.train import RunDirError
+    from fvlib.training import RunDirError
 
     old_b = dataclasses.replace(SMALL, model="B", steps=5, router_warm_start=600, router_lr_scale=0.1)
     new_b = dataclasses.replace(old_b, router_warm_start=0, router_lr_scale=1.0)

@@ -151,7 +151,7 @@ def test_bad_settings_name_the_value(factory, kwargs, bad):
 
 
 def test_training_explorer_shows_an_existing_run_of_a_base_config(tmp_path):
-    from fvlib.train import TrainConfig, run_dir_for, train
+    from fvlib.training import TrainConfig, run_dir_for, train
 
     config = TrainConfig(model="C", depth=3, budget=3, n_ctx=32, steps=100, batch=32, queries=4, width=16,
                          eval_every=50, eval_contexts=64, device="cpu")
@@ -191,7 +191,7 @@ def _recording(explorer):
 
 @pytest.mark.slow  # trains (about 10 s each on a loaded 2-core machine)
 def test_training_explorer_resumes_with_the_whole_curve_and_counts_this_session(tmp_path):
-    from fvlib.train import train
+    from fvlib.training import train
 
     explorer = _small_training_explorer(tmp_path)
     config = explorer.config()
@@ -218,7 +218,7 @@ def test_training_explorer_resumes_with_the_whole_curve_and_counts_this_session(
 def test_training_explorer_shows_a_first_point_after_one_step(tmp_path):
     """The extra evaluations come at once and thin out; they are the run's own evaluation
     set (the loss train() reports when stopped there) and change nothing of the run."""
-    from fvlib.train import train
+    from fvlib.training import train
     explorer = _small_training_explorer(tmp_path)
     config = explorer.config()
     assert config.eval_every == 25
@@ -245,7 +245,7 @@ def test_live_eval_steps_double_up_to_the_next_evaluation():
 def test_training_explorer_stops_after_the_step_in_progress(tmp_path):
     """Stop acts at the next step, between evaluations; the checkpoint is there and a resumed
     run is the uninterrupted one."""
-    from fvlib.train import checkpoint_step, train
+    from fvlib.training import checkpoint_step, train
 
     explorer = _small_training_explorer(tmp_path)
     show = explorer.show

@@ -111,9 +111,9 @@ def plot_training_run(config, history: Sequence[Mapping], reference: Mapping, st
     theory baseline as a dashed line.
 
     Args:
-        config: the run's :class:`fvlib.train.TrainConfig` (model, prior, depth, budget, steps).
+        config: the run's :class:`fvlib.training.config.TrainConfig` (model, prior, depth, budget, steps).
         history: ``TrainResult.history`` so far (may be empty).
-        reference: :func:`fvlib.train.theory_reference` of the config (``name``, ``value``;
+        reference: :func:`fvlib.training.evaluate.theory_reference` of the config (``name``, ``value``;
             the legend names it as :func:`fvlib.plots.training.theory_label` does).
         status: a few words for the title (e.g. ``"training"``).
         live: evaluations on the same held-out set between the run's own (``step``,

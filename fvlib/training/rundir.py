@@ -1,6 +1,6 @@
 """Run directories on disk: checkpoints that are one atomic step, verified when read, and a lock.
 
-A run directory (:func:`fvlib.train.train`, :func:`fvlib.batched.train_many`) holds::
+A run directory (:func:`fvlib.training.loop.train`, :func:`fvlib.training.batched.train_many`) holds::
 
     config.json              TrainConfig and ModelConfig (written when the run starts)
     model.safetensors        model weights             (metadata: step)
@@ -30,7 +30,7 @@ finite and fit the config) and the first checkpoint written into them adds a man
 trained. A second process that opens the same run waits for the first to finish (it says so
 on stderr, once), then resumes or reloads what the first left: training is deterministic, so
 the numbers are the same. The same process opening a run twice is refused (it would wait on
-itself). Readers (:func:`fvlib.train.load_run`) take no lock: the manifest tells them which
+itself). Readers (:func:`fvlib.training.checkpoint.load_run`) take no lock: the manifest tells them which
 files belong together. On a file system without ``flock`` (some network and FUSE mounts) runs
 are not locked.
 

@@ -1,6 +1,6 @@
 """Training many models at once (chapter 8, *Experiments*): seeds, budgets and kinds in one loop.
 
-``train_many(configs, out_dirs)`` trains every config as :func:`fvlib.train.train` would,
+``train_many(configs, out_dirs)`` trains every config as :func:`fvlib.training.loop.train` would,
 but in one loop: the models of one architecture are stacked (``torch.func.stack_module_state``)
 and take each Adam step together, as one ``torch.func.vmap`` of the model's own forward pass
 (``functional_call``) over the stacked parameters. Contexts are sampled once per step for
@@ -21,8 +21,8 @@ all models that would see the same ones alone.
   batching pays most. Training one such config alone with ``train`` gives the same numbers.
 * **Run directories.** Each model's directory holds exactly what ``train`` writes (config,
   weights, Adam moments and RNG state, history, the checkpoint's manifest) at the same steps,
-  each checkpoint one atomic step, and is locked while trained (:mod:`fvlib.checkpoint`), so
-  :func:`~fvlib.train.load_run` reads it, ``train(config, out_dir=dir)`` resumes or reloads it, and ``train_many`` resumes
+  each checkpoint one atomic step, and is locked while trained (:mod:`fvlib.training.rundir`), so
+  :func:`~fvlib.training.checkpoint.load_run` reads it, ``train(config, out_dir=dir)`` resumes or reloads it, and ``train_many`` resumes
   directories that ``train`` started, and the other way round.
 * **Numbers.** With the same configs the results are bitwise reproducible on the CPU. Against
   training alone, the step-0 evaluation, the sampled contexts and the evaluation sets are
@@ -52,23 +52,18 @@ import torch
 from torch.func import functional_call, stack_module_state, vmap
 from tqdm.auto import tqdm
 
-from ._checks import check_int
-from .models import FVTransformer
-from .stats import squared_error
-from .train import (
-    progress_shown,
-    TrainConfig,
+from .._checks import check_int
+from ..models import FVTransformer
+from .config import TrainConfig, lr_at, resolve_device, training_prior
+from .evaluate import eval_set_key, eval_summary, theta_losses
+from .loop import (
+    TrainingRun,
     TrainResult,
-    _eval_set_key,
-    _eval_summary,
-    _Run,
     expected_query_loss,
-    lr_at,
+    progress_shown,
     query_loss,
-    resolve_device,
     sample_training_batch,
     set_learning_rate,
-    training_prior,
 )
 
 __all__ = ["train_many"]
@@ -83,7 +78,7 @@ def _stack_key(config: TrainConfig) -> tuple:
             config.noise_std if config.expected_loss else None)  # the expected loss adds sigma^2
 
 
-def _data_key(run: _Run) -> tuple:
+def _data_key(run: TrainingRun) -> tuple:
     """Runs with equal keys draw bitwise the same training contexts from now on."""
     c = run.config
     state = bytes(run.generator.get_state().numpy())
@@ -94,7 +89,7 @@ def _data_key(run: _Run) -> tuple:
 class _Stream:
     """One sequence of training contexts, drawn once per step for every run that reads it."""
 
-    def __init__(self, run: _Run):
+    def __init__(self, run: TrainingRun):
         self.prior, self.config, self.step = run.prior, run.config, run.step
         self.generator = torch.Generator()
         self.generator.set_state(run.generator.get_state())
@@ -132,7 +127,7 @@ class _ThetaOf(torch.nn.Module):
 class _Stack:
     """``k`` runs of one architecture whose parameters are stacked along a leading axis ``k``."""
 
-    def __init__(self, runs: list[_Run], streams: list[_Stream], stop: int):
+    def __init__(self, runs: list[TrainingRun], streams: list[_Stream], stop: int):
         self.runs, self.streams, self.stop = runs, streams, stop
         self.config = runs[0].config
         self.step = runs[0].step
@@ -144,12 +139,12 @@ class _Stack:
         self._stack_optimizer_state()
 
     def _parameter_groups(self) -> list[dict]:
-        """The stacked parameters in the groups :func:`fvlib.train.parameter_groups` gives one run."""
+        """The stacked parameters in the groups :func:`fvlib.training.loop.parameter_groups` gives one run."""
         by_id = {id(p): name for name, p in self.runs[0].model.named_parameters()}
         return [{"params": [self.params[by_id[id(p)]] for p in group["params"]], "lr_scale": group["lr_scale"]}
                 for group in self.runs[0].optimizer.param_groups]
 
-    def _run_params(self, run: _Run) -> dict:
+    def _run_params(self, run: TrainingRun) -> dict:
         return dict(run.model.named_parameters())
 
     def _stack_optimizer_state(self) -> None:
@@ -165,8 +160,8 @@ class _Stack:
             }
 
     def _loss(self, params, buffers, x, y, x_query, y_query) -> torch.Tensor:
-        """One model's query loss (:func:`fvlib.train.query_loss`, or with ``expected_loss``
-        :func:`fvlib.train.expected_query_loss`, ``y_query`` then being ``theta``); vmapped over
+        """One model's query loss (:func:`fvlib.training.loop.query_loss`, or with ``expected_loss``
+        :func:`fvlib.training.loop.expected_query_loss`, ``y_query`` then being ``theta``); vmapped over
         the stack."""
         if self.config.expected_loss:
             state = {f"model.{name}": value for name, value in {**params, **buffers}.items()}
@@ -201,7 +196,7 @@ class _Stack:
     @torch.no_grad()
     def evaluate(self, members: list[int]) -> dict[int, dict]:
         """The evaluations of the models ``members`` at this step, batched per evaluation set:
-        ``{i: dict as _evaluate_batches returns}``; empty for models that are not
+        ``{i: dict as evaluate_batches returns}``; empty for models that are not
         :class:`~fvlib.models.FVTransformer` (they are evaluated alone)."""
         if not isinstance(self.runs[0].model, FVTransformer):
             return {}
@@ -218,12 +213,12 @@ class _Stack:
                 batch = batch.to(self.device)
                 theta_hat = vmap(self._theta, in_dims=(0, 0, None, None, None))(
                     params, buffers, batch.x, batch.y, batch.x_query)  # (k, B, D)
-                excess.append(squared_error(theta_hat, batch.theta).double().cpu())  # (k, B)
-                y_hat = (theta_hat * batch.x_query).sum(-1)
-                query.append(((y_hat - batch.y_query) ** 2).double().cpu())
+                stack_excess, stack_query = theta_losses(theta_hat, batch)  # (k, B) each
+                excess.append(stack_excess)
+                query.append(stack_query)
             excess_all, query_all = torch.cat(excess, dim=1), torch.cat(query, dim=1)
             for j, i in enumerate(group):
-                out[i] = _eval_summary(excess_all[j], query_all[j])
+                out[i] = eval_summary(excess_all[j], query_all[j])
         return out
 
     @torch.no_grad()
@@ -264,7 +259,7 @@ def _check_args(configs, out_dirs, until_step) -> tuple[list[TrainConfig], list[
     return list(configs), dirs, stops
 
 
-def _make_stacks(runs: list[_Run], stops: list[int]) -> list[_Stack]:
+def _make_stacks(runs: list[TrainingRun], stops: list[int]) -> list[_Stack]:
     """Stack the runs that still have steps to go; runs with the same contexts share a stream."""
     streams: dict[tuple, _Stream] = {}
     groups: dict[tuple, list[int]] = {}
@@ -279,7 +274,7 @@ def _make_stacks(runs: list[_Run], stops: list[int]) -> list[_Stack]:
 
 
 def _after_step(stack: _Stack, losses: list[float]) -> None:
-    """Every model's bookkeeping after a step, as in :func:`fvlib.train.train` (the
+    """Every model's bookkeeping after a step, as in :func:`fvlib.training.loop.train` (the
     evaluations due batched, :meth:`_Stack.evaluate`)."""
     for run, loss in zip(stack.runs, losses):
         run.count_step(loss)
@@ -304,7 +299,7 @@ def train_many(
     until_step: int | None = None,
     threads: int | None = None,
 ) -> list[TrainResult]:
-    """Train every config as :func:`fvlib.train.train` would, batched (see the module docs).
+    """Train every config as :func:`fvlib.training.loop.train` would, batched (see the module docs).
 
     Args:
         configs: the runs (any mix; those that can be stacked are).
@@ -321,14 +316,14 @@ def train_many(
             given thread count (another count can change the last bits).
 
     Returns:
-        One :class:`~fvlib.train.TrainResult` per config, in order; each ``model`` is on its
+        One :class:`~fvlib.training.loop.TrainResult` per config, in order; each ``model`` is on its
         training device in eval mode, and ``seconds`` is the wall time of the whole loop.
 
     Raises:
         ValueError: configs that are not ``TrainConfig``, ``out_dirs`` of another length or
             naming one directory twice, ``until_step`` out of range, the
-            :class:`~fvlib.train.RunDirError` of a directory ``train`` would refuse, and
-            :class:`~fvlib.train.TrainingDiverged` when a run diverges (every directory keeps
+            :class:`~fvlib.training.rundir.RunDirError` of a directory ``train`` would refuse, and
+            :class:`~fvlib.training.loop.TrainingDiverged` when a run diverges (every directory keeps
             its last checkpoint).
     """
     configs, dirs, stops = _check_args(configs, out_dirs, until_step)
@@ -341,11 +336,11 @@ def train_many(
         finally:
             torch.set_num_threads(before)
     eval_sets: dict[tuple, list] = {}  # runs on the same evaluation contexts share them
-    runs: list[_Run] = []
+    runs: list[TrainingRun] = []
     try:
         for config, out_dir in zip(configs, dirs):
-            run = _Run(config, out_dir, resume, eval_sets.get(_eval_set_key(config)))
-            eval_sets.setdefault(_eval_set_key(config), run.eval_batches)
+            run = TrainingRun(config, out_dir, resume, eval_sets.get(eval_set_key(config)))
+            eval_sets.setdefault(eval_set_key(config), run.eval_batches)
             runs.append(run)
         _train_runs(runs, stops, progress)
     finally:
@@ -354,7 +349,7 @@ def train_many(
     return [run.result() for run in runs]
 
 
-def _train_runs(runs: list[_Run], stops: list[int], progress: bool) -> None:
+def _train_runs(runs: list[TrainingRun], stops: list[int], progress: bool) -> None:
     """The loop of :func:`train_many`: every run up to its stop, stacked where possible."""
     for run in runs:
         if not run.history:

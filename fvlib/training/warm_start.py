@@ -4,7 +4,7 @@ book's appendix *Conventions*, section "Training").
 
 Trained from a random start, model A's router settles on mixed directions that its decoder
 can read but that lose to the greedy coordinate policy. The imitation recipe
-(:data:`fvlib.train.IMITATION_RECIPE`; not the default :data:`fvlib.train.RECIPE`, which has no
+(:data:`fvlib.training.config.IMITATION_RECIPE`; not the default :data:`fvlib.training.config.RECIPE`, which has no
 teacher) first fits the router to that policy by regression, then trains the whole model on
 the query loss as usual, the router at a reduced learning rate: it measures how well model A
 can *represent* greedy once shown it, not what it learns alone.
@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_int, check_number
-from .models import FVTransformer
-from .priors import TreePrior
-from .task import sample_task
-from .theory import FiniteSampleChannel, channel_tau2
-from .theory.adaptive_opt import GreedyRule, policy_rollout
+from .._checks import check_int, check_number
+from ..models import FVTransformer
+from ..priors import TreePrior
+from ..task import sample_task
+from ..theory import FiniteSampleChannel, channel_tau2
+from ..theory.adaptive_opt import GreedyRule, policy_rollout
 
 __all__ = ["is_router_parameter", "greedy_targets", "router_imitation_loss", "warm_start_router"]
 

@@ -1,0 +1,74 @@
+"""Training models A, B, C and the standard transformers on in-context regression (chapter 8,
+*Experiments*): one run (:func:`~fvlib.training.loop.train`), many at once
+(:func:`~fvlib.training.batched.train_many`), their run directories and their evaluation.
+
+The modules, in layers from the bottom up; a module imports only from the layers below it
+(``tests/test_import_layers.py`` checks this)::
+
+    rundir, config      run directories on disk (atomic checkpoints with a manifest of checksums,
+                        the lock); TrainConfig, the recipes, what a config means at each step,
+                        the model it builds and its run directory's name
+    evaluate            the per-context error, evaluation sets, the theory baseline beside it
+    checkpoint          what a checkpoint holds, written, read and resumed; load_run
+    warm_start          model A's router fitted to the greedy policy (the imitation start)
+    loop                one training step and one run's loop: train
+    batched             many runs in one loop (stacked parameters, vmap): train_many
+
+Everything a chapter or a user calls is importable from here: ``fvlib.training.train``,
+``fvlib.training.TrainConfig``, ``fvlib.training.RECIPE``, ...
+"""
+
+from .batched import train_many
+from .checkpoint import checkpoint_step, load_history, load_run
+from .config import (
+    ADDED_FIELDS,
+    ARCHS,
+    CURRICULUM_SHARE,
+    EVAL_SEED_OFFSET,
+    IMITATION_RECIPE,
+    LEARNING_RECIPE,
+    ORIGINAL_RECIPE,
+    PRIOR_KINDS,
+    RECIPE,
+    RESUMABLE_FIELDS,
+    RUN_ROOT_ENV,
+    TRANSFORMER_RECIPE,
+    WARM_START_LR,
+    WARM_START_SEED_OFFSET,
+    TrainConfig,
+    build_model,
+    build_prior,
+    curriculum_start,
+    estimate_memory,
+    lr_at,
+    recipe_for,
+    resolve_device,
+    run_dir_for,
+    run_root,
+    training_prior,
+)
+from .evaluate import MATCHING_BASELINE, compare_with_theory, evaluate, per_context_losses, theory_reference
+from .loop import (
+    TrainingDiverged,
+    TrainResult,
+    expected_query_loss,
+    parameter_groups,
+    query_loss,
+    sample_queries,
+    sample_training_batch,
+    set_learning_rate,
+    train,
+    training_step,
+)
+from .rundir import RunDirError
+
+__all__ = [
+    "ADDED_FIELDS", "ARCHS", "CURRICULUM_SHARE", "EVAL_SEED_OFFSET", "IMITATION_RECIPE", "LEARNING_RECIPE",
+    "ORIGINAL_RECIPE", "PRIOR_KINDS", "RECIPE", "RESUMABLE_FIELDS", "RUN_ROOT_ENV", "TRANSFORMER_RECIPE",
+    "WARM_START_LR", "WARM_START_SEED_OFFSET", "TrainConfig", "build_model", "build_prior", "curriculum_start",
+    "estimate_memory", "lr_at", "recipe_for", "resolve_device", "run_dir_for", "run_root", "training_prior",
+    "MATCHING_BASELINE", "compare_with_theory", "evaluate", "per_context_losses", "theory_reference",
+    "checkpoint_step", "load_history", "load_run", "TrainingDiverged", "TrainResult", "expected_query_loss",
+    "parameter_groups", "query_loss", "sample_queries", "sample_training_batch", "set_learning_rate", "train",
+    "training_step", "train_many", "RunDirError",
+]

@@ -1,0 +1,156 @@
+"""Evaluating a model on a fixed set of contexts, and beside its theory baseline (chapter 8,
+*Experiments*).
+
+The one per-context error of the book's training: :func:`theta_losses` scores a ``theta_hat``
+(the excess loss ``|theta_hat - theta|^2`` and the query loss ``(<theta_hat, x_q> - y_q)^2``);
+the single loop (:func:`per_context_losses`) and the batched one
+(:func:`fvlib.training.batched.train_many`, a stack of ``theta_hat``) both use it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._checks import check_int
+from ..models import FVTransformer
+from ..priors import Prior, TreePrior
+from ..stats import mean_and_stderr, squared_error
+from ..task import TaskBatch, make_generator, sample_task
+from ..theory import channel_tau2, evaluate_strategies, gaussian_coordinate_loss
+from .config import EVAL_SEED_OFFSET, TrainConfig, build_prior
+
+__all__ = [
+    "sample_eval_batches",
+    "eval_set_key",
+    "theta_losses",
+    "per_context_losses",
+    "eval_summary",
+    "evaluate",
+    "MATCHING_BASELINE",
+    "theory_reference",
+    "compare_with_theory",
+]
+
+def sample_eval_batches(prior, n_ctx, noise_std, contexts, seed, chunk=512) -> list[TaskBatch]:
+    """``contexts`` contexts drawn with ``seed``, in batches of at most ``chunk``: an evaluation
+    set (a run's is drawn with ``effective_data_seed + EVAL_SEED_OFFSET``)."""
+    generator = make_generator(seed)
+    sizes = [min(chunk, contexts - start) for start in range(0, contexts, chunk)]
+    return [sample_task(prior, size, n_ctx, noise_std, generator) for size in sizes]
+
+
+@torch.no_grad()
+def evaluate_batches(model, batches: list[TaskBatch]) -> dict:
+    """:func:`eval_summary` of ``model`` on ``batches``."""
+    return eval_summary(*per_context_losses(model, batches))
+
+
+def theta_losses(theta_hat: torch.Tensor, batch: TaskBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-context excess loss ``|theta_hat - theta|^2`` and query loss
+    ``(<theta_hat, x_q> - y_q)^2`` of ``theta_hat`` (``(..., B, D)``: one model's, or a stack of
+    ``k`` models' ``(k, B, D)``) on ``batch``; ``(..., B)`` float64 each, on the CPU."""
+    excess = squared_error(theta_hat, batch.theta).double().cpu()
+    y_hat = (theta_hat * batch.x_query).sum(-1)
+    return excess, ((y_hat - batch.y_query) ** 2).double().cpu()
+
+
+@torch.no_grad()
+def per_context_losses(model, batches: list[TaskBatch]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The excess and query losses of ``model`` on every context of ``batches``, ``(n,)`` float64
+    each, on the CPU (see :func:`evaluate` for a model that predicts no ``theta_hat``)."""
+    device = next(model.parameters()).device
+    excess, query = [], []
+    was_training = model.training
+    model.eval()
+    for batch in batches:
+        batch = batch.to(device)
+        if isinstance(model, FVTransformer):
+            context_excess, context_query = theta_losses(model.predict_theta(batch), batch)
+        else:  # a prediction that need not be linear in x_q: against the noise-free target
+            y_hat = model(batch)
+            context_excess = ((y_hat - (batch.theta * batch.x_query).sum(-1)) ** 2).double().cpu()
+            context_query = ((y_hat - batch.y_query) ** 2).double().cpu()
+        excess.append(context_excess)
+        query.append(context_query)
+    model.train(was_training)
+    return torch.cat(excess), torch.cat(query)
+
+
+def eval_summary(excess_all: torch.Tensor, query_all: torch.Tensor) -> dict:
+    """An evaluation's numbers from the per-context excess and query losses ``(n,)`` each."""
+    excess_loss, stderr = mean_and_stderr(excess_all)
+    return {
+        "excess_loss": float(excess_loss),
+        "stderr": float(stderr),
+        "query_loss": float(query_all.mean()),
+        "contexts": excess_all.numel(),
+    }
+
+
+def evaluate(
+    model: FVTransformer, prior: Prior, n_ctx: int, noise_std: float, contexts: int = 4000, seed: int = 0
+) -> dict:
+    """Excess and query loss of ``model`` on ``contexts`` fresh contexts drawn with ``seed``.
+
+    For a :class:`~fvlib.transformer.StandardTransformer` (no ``theta_hat``) the excess loss
+    is ``E(y_hat_q - <theta, x_q>)^2`` over the contexts' query tokens, which equals
+    ``E|theta_hat - theta|^2`` for a prediction linear in ``x_q``.
+
+    Returns:
+        dict with ``excess_loss`` (``E|theta_hat - theta|^2``), ``stderr`` (its standard
+        error), ``query_loss`` (``E(y_hat_q - y_q)^2``, about ``noise_std^2 + excess_loss``)
+        and ``contexts``.
+    """
+    check_int("contexts", contexts, 1)
+    return evaluate_batches(model, sample_eval_batches(prior, n_ctx, noise_std, contexts, seed))
+
+
+def eval_set_key(config: TrainConfig) -> tuple:
+    """Configs with equal keys are evaluated on the very same contexts (their runs can share one
+    evaluation set)."""
+    c = config
+    return (c.prior, c.depth, c.alpha, c.n_ctx, c.noise_std, c.eval_contexts, c.effective_data_seed)
+
+
+#: The theory baseline each model is measured against (chapter 8, *Experiments*).
+MATCHING_BASELINE = {"A": "adaptive_greedy", "B": "nonadaptive_opt", "C": "lmmse"}
+
+
+def theory_reference(config: TrainConfig, samples: int = 4000, seed: int = 0) -> dict:
+    """The theory value a model of ``config`` should be compared with.
+
+    Tree prior: model A against the adaptive greedy policy, B against optimised non-adaptive
+    directions, C against LMMSE (Monte Carlo, finite-N statistics, ``samples`` contexts).
+    Gaussian priors: the closed form of measuring the ``M`` largest-variance coordinates, the
+    same for A, B and C (depth buys nothing). Returns ``{"name", "value", "stderr", "samples"}``.
+    """
+    prior = build_prior(config)
+    tau2 = channel_tau2(prior, config.n_ctx, config.noise_std)
+    if not isinstance(prior, TreePrior):
+        value = gaussian_coordinate_loss(torch.diagonal(prior.second_moment()), config.budget, tau2)
+        return {"name": "gaussian_closed_form", "value": value, "stderr": 0.0, "samples": 0}
+    name = MATCHING_BASELINE[config.model]
+    est = evaluate_strategies(
+        prior, config.n_ctx, config.noise_std, config.budget, samples=samples, seed=seed, strategies=(name,)
+    )[name]
+    return {"name": name, "value": est.mean, "stderr": est.stderr, "samples": est.n}
+
+
+def compare_with_theory(model: FVTransformer, config: TrainConfig, contexts: int = 4000, seed: int = 0) -> dict:
+    """A trained model's excess loss next to its matching theory baseline, on ``contexts`` contexts.
+
+    Returns ``{"model", "model_stderr", "theory", "theory_stderr", "theory_name", "ratio",
+    "contexts"}`` where ``ratio = model / theory``.
+    """
+    prior = build_prior(config)
+    measured = evaluate(model, prior, config.n_ctx, config.noise_std, contexts=contexts, seed=seed + EVAL_SEED_OFFSET)
+    ref = theory_reference(config, samples=contexts, seed=seed)
+    return {
+        "model": measured["excess_loss"],
+        "model_stderr": measured["stderr"],
+        "theory": ref["value"],
+        "theory_stderr": ref["stderr"],
+        "theory_name": ref["name"],
+        "ratio": measured["excess_loss"] / ref["value"] if ref["value"] > 0 else float("inf"),
+        "contexts": contexts,
+    }
