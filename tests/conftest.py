@@ -1,7 +1,26 @@
-"""Fixtures shared by several test modules."""
+"""Fixtures and helpers shared by several test modules (``from conftest import ...`` for the
+helpers: pytest puts this directory on ``sys.path``)."""
 
 import pytest
 import torch
+
+from fvlib.training import TrainConfig
+
+#: A tiny but real training run: tree K = 3 (D = 7), N = 32, budget 3, 40 steps, with a short
+#: imitation warm start, evaluations every 10 steps and checkpoints every 15.
+TINY = TrainConfig(model="A", depth=3, n_ctx=32, budget=3, steps=40, batch=32, queries=8, width=16,
+                   router_warm_start=20, eval_every=10, eval_contexts=64, checkpoint_every=15, device="cpu")
+
+
+def strip_times(history: list[dict]) -> list[dict]:
+    """A training history without its wall times (the rest is deterministic)."""
+    return [{k: v for k, v in entry.items() if k != "seconds"} for entry in history]
+
+
+def same_parameters(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    """Whether two models hold bitwise the same parameters and buffers."""
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
 @pytest.fixture(scope="module")

@@ -18,9 +18,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import fvlib.training.rundir as ckpt
-from fvlib.training.rundir import CheckpointWriteError, RunDirError, RunLock
+from conftest import same_parameters, strip_times
 from fvlib.cli import main
 from fvlib.training import TrainConfig, TrainingDiverged, load_history, load_run, train
+from fvlib.training.rundir import CheckpointWriteError, RunDirError, RunLock
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -34,15 +35,6 @@ SMALL = TrainConfig(model="A", depth=2, n_ctx=8, budget=2, steps=6, batch=8, que
 #: writing the manifest's temporary file, renaming it into place (the commit), three renames.
 EVENTS = ["write state", "write model", "write history", "write manifest", "commit manifest",
           "rename state", "rename model", "rename history"]
-
-
-def strip_times(history):
-    return [{k: v for k, v in entry.items() if k != "seconds"} for entry in history]
-
-
-def same_parameters(a, b) -> bool:
-    sa, sb = a.state_dict(), b.state_dict()
-    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import TINY, same_parameters, strip_times
 from fvlib import make_prior
 from fvlib.models import make_model
 from fvlib.training import (
@@ -26,34 +27,9 @@ from fvlib.training import (
     train,
 )
 
-#: A tiny but real configuration: tree K=3 (D=7), N=32, budget 3.
-TINY = TrainConfig(
-    model="A",
-    depth=3,
-    n_ctx=32,
-    budget=3,
-    steps=40,
-    batch=32,
-    queries=8,
-    width=16,
-    router_warm_start=20,
-    eval_every=10,
-    eval_contexts=64,
-    checkpoint_every=15,
-    device="cpu",
-)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
-
-
-def strip_times(history):
-    return [{k: v for k, v in entry.items() if k != "seconds"} for entry in history]
-
-
-def same_parameters(a, b) -> bool:
-    sa, sb = a.state_dict(), b.state_dict()
-    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
 # ----- configuration ----------------------------------------------------------------------

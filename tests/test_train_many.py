@@ -7,40 +7,15 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from fvlib.training.batched import train_many
+from conftest import TINY, same_parameters, strip_times
 from fvlib.experiments import shared_configs
-from fvlib.training import (EVAL_SEED_OFFSET, ORIGINAL_RECIPE, RunDirError, TrainConfig, build_prior,
-                         evaluate, load_run, run_dir_for, train)
+from fvlib.training import (EVAL_SEED_OFFSET, ORIGINAL_RECIPE, RunDirError, TrainConfig, build_prior, evaluate,
+                            load_run, run_dir_for, train, train_many)
 
-#: Tiny but real: tree K=3 (D=7), N=32, budget 3, 40 steps.
-TINY = TrainConfig(
-    model="A",
-    depth=3,
-    n_ctx=32,
-    budget=3,
-    steps=40,
-    batch=32,
-    queries=8,
-    width=16,
-    router_warm_start=20,
-    eval_every=10,
-    eval_contexts=64,
-    checkpoint_every=15,
-    device="cpu",
-)
 #: Largest relative difference of final losses allowed between batched and alone.
 TOLERANCE = 1e-4
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
-
-
-def strip_times(history):
-    return [{k: v for k, v in entry.items() if k != "seconds"} for entry in history]
-
-
-def same_parameters(a, b) -> bool:
-    sa, sb = a.state_dict(), b.state_dict()
-    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
 def assert_matches_alone(batched, alone):

@@ -5,6 +5,7 @@ import base64
 import pytest
 import torch
 
+from conftest import strip_times
 from fvlib import TreePrior, widgets
 from fvlib.models import model_a
 
@@ -171,10 +172,6 @@ def test_training_explorer_reports_a_damaged_run_instead_of_dying(tmp_path):
     assert explorer.summary["status"] == "failed"
     assert "Training failed" in explorer.caption.value and "model.safetensors" in explorer.caption.value
     assert not explorer.train_button.disabled  # the controls come back
-
-
-def strip_times(history):
-    return [{k: v for k, v in entry.items() if k != "seconds"} for entry in history]
 
 
 def _recording(explorer):
