@@ -67,10 +67,11 @@ import torch
 from ._checks import check_int, check_number, check_seed
 from .models import hook_name
 from .priors import GaussianPrior, TreePrior
-from .stats import mean_and_stderr, squared_error
-from .task import make_generator, sample_task
+from .stats import mean_and_stderr, paired_ratio, squared_error
 from .theory import (
     FiniteSampleChannel,
+    policy_predictor,
+    strategy_predictor,
     best_fixed_method,
     best_fixed_nodes,
     channel_tau2,
@@ -87,12 +88,11 @@ from .theory import (
     noisefree_nodes_loss,
     noisefree_nonadaptive_loss,
     policy_value,
-    run_greedy,
 )
 from .theory.adaptive_opt import GreedyRule
-from .training import (IMITATION_RECIPE, ORIGINAL_RECIPE, TrainConfig, TrainResult, build_prior, per_context_losses,
+from .training import (IMITATION_RECIPE, ORIGINAL_RECIPE, TrainConfig, TrainResult, build_prior,
                        recipe_for, run_dir_for, train, train_many)
-from .training.evaluate import sample_eval_batches
+from .training.evaluate import model_predictor, per_context_errors, sample_eval_batches
 from .workers import worker_pool
 
 __all__ = [
@@ -132,7 +132,6 @@ __all__ = [
     "router_directions",
     "router_bayes_decode",
     "router_policy_alignment",
-    "paired_ratio",
     "greedy_paired",
     "gap_table",
 ]
@@ -899,18 +898,6 @@ def router_policy_alignment(model, tree: TreePrior, batch, policy) -> torch.Tens
     return (rows * theory).sum(-1).abs().mean(0)
 
 
-def paired_ratio(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
-    """``mean(a) / mean(b)`` of two per-context losses ``(n,)`` on the same contexts, and its
-    standard error by the delta method, which counts their correlation:
-    ``var(a - R b) / (n mean(b)^2)`` with ``R`` the ratio."""
-    a, b = a.double().flatten(), b.double().flatten()
-    if a.shape != b.shape or a.numel() < 2:
-        raise ValueError(f"paired_ratio needs two losses on the same n >= 2 contexts, got {tuple(a.shape)} and {tuple(b.shape)}")
-    ratio = float(a.mean() / b.mean())
-    residual = a - ratio * b
-    return ratio, float(residual.std() / (math.sqrt(a.numel()) * b.mean()))
-
-
 def greedy_paired(model, config: TrainConfig, *, contexts: int, seed: int) -> dict:
     """A trained model of a tree-prior run against the greedy policy on the *same* contexts.
 
@@ -918,7 +905,7 @@ def greedy_paired(model, config: TrainConfig, *, contexts: int, seed: int) -> di
     (so ``greedy_loss`` sits beside the model's ``evaluate`` loss, context by context). Returns
     ``{"model_loss", "model_stderr", "greedy_loss", "greedy_stderr", "ratio", "ratio_stderr",
     "contexts"}``: ``ratio`` is the model's loss over greedy's with the standard error of the
-    paired ratio (:func:`paired_ratio`).
+    paired ratio (:func:`fvlib.stats.paired_ratio`).
     """
     if config.prior != "tree":
         raise ValueError(f"greedy_paired needs a tree prior, got {config.prior!r}")
@@ -926,20 +913,14 @@ def greedy_paired(model, config: TrainConfig, *, contexts: int, seed: int) -> di
     check_seed("seed", seed)
     tree = build_prior(config)
     batches = sample_eval_batches(tree, config.n_ctx, config.noise_std, contexts, seed)
-    errors = per_context_losses(model, batches)[0]
-    tau2 = channel_tau2(tree, config.n_ctx, config.noise_std)
-    greedy = []
-    for b in batches:
-        g_hat = b.to("cpu", torch.float64).sufficient_statistic()
-        theta_hat = run_greedy(tree, FiniteSampleChannel(g_hat), config.budget, tau2).theta_hat
-        greedy.append(squared_error(theta_hat, b.theta.double()))
-    greedy = torch.cat(greedy)
-    model_mean, model_se = mean_and_stderr(errors)
-    mean, se = mean_and_stderr(greedy)
-    ratio, ratio_se = paired_ratio(errors, greedy)
+    errors = per_context_errors({"model": model_predictor(model),
+                                 "greedy": strategy_predictor("adaptive_greedy", tree, config.budget)}, batches)
+    model_mean, model_se = mean_and_stderr(errors["model"])
+    mean, se = mean_and_stderr(errors["greedy"])
+    ratio, ratio_se = paired_ratio(errors["model"], errors["greedy"])
     return {"model_loss": float(model_mean), "model_stderr": float(model_se), "greedy_loss": float(mean),
             "greedy_stderr": float(se), "ratio": ratio, "ratio_stderr": ratio_se,
-            "contexts": int(errors.numel())}
+            "contexts": int(errors["model"].numel())}
 
 
 def gap_table(model, config: TrainConfig, *, contexts: int = 4000, seed: int = 0, policy=None,
@@ -954,7 +935,7 @@ def gap_table(model, config: TrainConfig, *, contexts: int = 4000, seed: int = 0
     so that a model row and these compare paired (greedy's loss has a heavy tail: on two
     independent sets of 4000 contexts it can differ by a fifth); ``best_paired``, the name of the
     smaller of the two, and ``ratios``: ``{model row: (ratio, stderr)}``, each model row over
-    that best paired reference, context by context (:func:`paired_ratio`). ``policy``: an optimised adaptive policy
+    that best paired reference, context by context (:func:`fvlib.stats.paired_ratio`). ``policy``: an optimised adaptive policy
     to reuse. ``others``: ``{name: model}``, more models A of the same task (e.g. trained with
     another recipe), decoded on the very same contexts: rows ``name`` and
     ``name + "_router_bayes"``. Also ``adaptive_opt_kind`` (which candidate the optimisation
@@ -974,19 +955,12 @@ def gap_table(model, config: TrainConfig, *, contexts: int = 4000, seed: int = 0
                               strategies=("adaptive_greedy", "nonadaptive_opt", "adaptive_opt"),
                               directions=directions, policy=policy)
     out = {name: (e.mean, e.stderr) for name, e in est.items()}
-    generator = make_generator(seed)
-    batches = [sample_task(tree, min(512, contexts - i), config.n_ctx, config.noise_std, generator)
-               for i in range(0, contexts, 512)]
-    paired = {}   # per-context errors on the model rows' contexts
-    for name, rule in (("adaptive_greedy_paired", GreedyRule(tree)), ("adaptive_opt_paired", policy.policy)):
-        errors = []
-        for b in batches:
-            g_hat = b.to("cpu", torch.float64).sufficient_statistic()
-            with torch.no_grad():
-                theta_hat = policy_rollout(tree, rule, FiniteSampleChannel(g_hat), config.budget, tau2).theta_hat
-            errors.append(squared_error(theta_hat, b.theta.double().cpu()))
-        paired[name] = torch.cat(errors)
-        mean, stderr = mean_and_stderr(paired[name])
+    batches = sample_eval_batches(tree, config.n_ctx, config.noise_std, contexts, seed)
+    references = {"adaptive_greedy_paired": policy_predictor(tree, GreedyRule(tree), config.budget),
+                  "adaptive_opt_paired": policy_predictor(tree, policy.policy, config.budget)}
+    paired = per_context_errors(references, batches)   # on the model rows' contexts
+    for name, errors in paired.items():
+        mean, stderr = mean_and_stderr(errors)
         out[name] = (float(mean), float(stderr))
     best = min(paired, key=lambda name: float(paired[name].mean()))
     out["best_paired"] = best

@@ -6,7 +6,10 @@ Every loss in the book is the excess loss ``E|theta_hat - theta|^2`` (see the bo
 :func:`squared_error` over seeded contexts; :func:`mean_and_stderr` gives the average and its
 standard error. The theory strategies, the training evaluation and the patching sweeps all
 use these two. :func:`relative_gap` compares two estimates (chapter 3: the finite-``N``
-statistic against the Gaussian channel), with the standard error of the ratio.
+statistic against the Gaussian channel), with the standard error of the ratio;
+:func:`independent_ratio` divides two independent estimates and :func:`paired_ratio` two
+per-context losses on the same contexts (a model against a baseline, chapter 8), counting
+their correlation.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import math
 
 import torch
 
-__all__ = ["squared_error", "mean_and_stderr", "relative_gap"]
+__all__ = ["squared_error", "mean_and_stderr", "relative_gap", "independent_ratio", "paired_ratio"]
 
 
 def squared_error(theta_hat: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
@@ -53,3 +56,25 @@ def relative_gap(finite, gaussian) -> tuple[float, float]:
     rel_f = finite.stderr / f if f != 0 else 0.0
     rel_g = gaussian.stderr / g
     return gap, abs(f / g) * math.hypot(rel_f, rel_g)
+
+
+def independent_ratio(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    """``a / b`` of two independent estimates ``(mean, stderr)``, with the delta-method standard
+    error ``|a/b| sqrt((se_a/a)^2 + (se_b/b)^2)`` (estimates on different contexts; on the same
+    contexts use :func:`paired_ratio`)."""
+    (x, sx), (y, sy) = a, b
+    if y == 0 or x == 0:
+        raise ValueError(f"independent_ratio needs two nonzero means, got {x!r} and {y!r}")
+    return x / y, abs(x / y) * math.hypot(sx / x, sy / y)
+
+
+def paired_ratio(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
+    """``mean(a) / mean(b)`` of two per-context losses ``(n,)`` on the same contexts, and its
+    standard error by the delta method, which counts their correlation:
+    ``var(a - R b) / (n mean(b)^2)`` with ``R`` the ratio."""
+    a, b = a.double().flatten(), b.double().flatten()
+    if a.shape != b.shape or a.numel() < 2:
+        raise ValueError(f"paired_ratio needs two losses on the same n >= 2 contexts, got {tuple(a.shape)} and {tuple(b.shape)}")
+    ratio = float(a.mean() / b.mean())
+    residual = a - ratio * b
+    return ratio, float(residual.std() / (math.sqrt(a.numel()) * b.mean()))

@@ -25,7 +25,7 @@ transformers at ``K = 4``. Each is an :class:`Experiment` of :data:`EXPERIMENTS`
 * **References.** The theory curves of the experiment's configuration are computed once and
   stored beside the runs (Monte Carlo on ``THEORY_SAMPLES`` finite-``N`` contexts). Every tree
   run also carries its ratio to the greedy policy on its own evaluation contexts (paired,
-  :func:`fvlib.experiments.paired_ratio`); the runs of model A on the tree at the reference
+  :func:`fvlib.stats.paired_ratio`); the runs of model A on the tree at the reference
   configuration carry chapter 8's gap table (:func:`fvlib.experiments.gap_table`).
 * **Verification.** :func:`verify` retrains the cheapest stored runs from their stored configs
   and compares their final losses with the stored ones within the tolerance the file states

@@ -111,7 +111,7 @@ def test_alignment_with_the_routers_own_rows():
 
 
 def test_paired_ratio():
-    from fvlib.experiments import paired_ratio
+    from fvlib.stats import paired_ratio
 
     gen = torch.Generator().manual_seed(0)
     b = torch.rand(5000, generator=gen, dtype=torch.float64) ** 4   # a heavy-ish tail
@@ -240,7 +240,8 @@ def test_gap_of_a_missing_run_is_one_line(tmp_path, capsys):
 
 
 def test_greedy_paired_is_on_the_evaluate_contexts():
-    from fvlib.experiments import greedy_paired, paired_ratio
+    from fvlib.experiments import greedy_paired
+    from fvlib.stats import paired_ratio
     from fvlib.training import evaluate
     tree, model, _ = _model_and_batch(budget=2)
     config = TrainConfig(depth=3, budget=2, n_ctx=64, noise_std=0.1, steps=1)

@@ -12,6 +12,8 @@ Submodules, in layers from the bottom up; a submodule imports only from the laye
     strategies, dp
         greedy, non-adaptive, LMMSE and optimised directions with their Monte Carlo losses;
         dynamic programming over coordinate actions (re-measuring allowed, or not)
+    predictors
+        the strategies and policies as predictors with a model's signature, batch -> theta_hat
     baselines
         the table of all baselines (strategies, closed forms, the DP optimum): the CLI's
         ``theory`` command
@@ -88,6 +90,8 @@ from .strategies import (
     optimise_gaussian_rows,
     orthonormal_rows,
     run_greedy,
+    strategy_estimate,
 )
+from .predictors import Predictor, policy_predictor, strategy_predictor
 
 __all__ = [name for name in dir() if not name.startswith("_")]

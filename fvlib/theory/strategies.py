@@ -48,6 +48,7 @@ __all__ = [
     "optimise_gaussian_rows",
     "mc_contexts",
     "evaluate_strategies",
+    "strategy_estimate",
     "coordinate_decoder_losses",
     "STRATEGIES",
 ]
@@ -346,12 +347,17 @@ def evaluate_strategies(
         if name == "adaptive_opt":
             theta_hat = policy.rollout(tree, make_channel(), tau2).theta_hat
         else:
-            theta_hat = _estimate(name, tree, make_channel(), budget, tau2, directions, nodes)
+            theta_hat = strategy_estimate(name, tree, make_channel(), budget, tau2, directions, nodes)
         out[name] = Estimate.of(squared_error(theta_hat, theta))
     return out
 
 
-def _estimate(name, tree, chan, budget, tau2, directions, best_nodes=None):
+def strategy_estimate(name: str, tree: TreePrior, chan, budget: int, tau2: float, directions=None,
+                      best_nodes=None) -> torch.Tensor:
+    """``theta_hat (B, D)`` of strategy ``name`` (one of :data:`STRATEGIES` but ``adaptive_opt``,
+    which is a policy: :func:`~fvlib.theory.adaptive_opt.policy_rollout`) on the ``B`` contexts of
+    the channel ``chan``, spending ``budget`` measurements; ``directions`` ``(M, D)`` for
+    ``nonadaptive_opt``, ``best_nodes`` ``(M,)`` for ``nonadaptive_best_coord``."""
     if name == "adaptive_greedy":
         return run_greedy(tree, chan, budget, tau2).theta_hat
     if name == "nonadaptive_opt":

@@ -9,6 +9,8 @@ the single loop (:func:`per_context_losses`) and the batched one
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
+
 import torch
 
 from .._checks import check_int
@@ -26,6 +28,8 @@ __all__ = [
     "per_context_losses",
     "eval_summary",
     "evaluate",
+    "model_predictor",
+    "per_context_errors",
     "MATCHING_BASELINE",
     "theory_reference",
     "compare_with_theory",
@@ -74,6 +78,40 @@ def per_context_losses(model, batches: list[TaskBatch]) -> tuple[torch.Tensor, t
         query.append(context_query)
     model.train(was_training)
     return torch.cat(excess), torch.cat(query)
+
+
+def model_predictor(model) -> Callable[[TaskBatch], torch.Tensor]:
+    """A constrained model's ``predict_theta`` as a predictor (the signature of
+    :mod:`fvlib.theory.predictors`): the batch moved to the model's device, no gradients."""
+    if not isinstance(model, FVTransformer):
+        raise ValueError(f"model_predictor needs a model that predicts theta_hat (FVTransformer), got "
+                         f"{type(model).__name__}")
+    device = next(model.parameters()).device
+
+    @torch.no_grad()
+    def predict(batch: TaskBatch) -> torch.Tensor:
+        return model.predict_theta(batch.to(device))
+
+    return predict
+
+
+def per_context_errors(predictors: Mapping[str, Callable[[TaskBatch], torch.Tensor]],
+                       batches: Sequence[TaskBatch]) -> dict[str, torch.Tensor]:
+    """Every predictor's squared error ``|theta_hat - theta|^2`` on every context of ``batches``:
+    ``{name: (n,) float64}`` on the CPU, the same contexts in the same order for all, so that any
+    two compare paired (:func:`fvlib.stats.paired_ratio`). A predictor maps a batch to
+    ``theta_hat (B, D)``: a model's (:func:`model_predictor`) or a theory strategy's
+    (:mod:`fvlib.theory.predictors`); the error is taken in the predictor's dtype."""
+    if not predictors:
+        raise ValueError("per_context_errors needs at least one predictor")
+    errors = {}
+    for name, predict in predictors.items():
+        parts = []
+        for batch in batches:
+            theta_hat = predict(batch)
+            parts.append(squared_error(theta_hat, batch.theta.to(theta_hat.device, theta_hat.dtype)).double().cpu())
+        errors[name] = torch.cat(parts)
+    return errors
 
 
 def eval_summary(excess_all: torch.Tensor, query_all: torch.Tensor) -> dict:
