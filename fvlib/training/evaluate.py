@@ -16,9 +16,10 @@ import torch
 from .._checks import check_int
 from ..models import FVTransformer
 from ..priors import Prior, TreePrior
-from ..stats import mean_and_stderr, squared_error
+from ..stats import mean_and_stderr, paired_ratio, squared_error
 from ..task import TaskBatch, make_generator, sample_task
-from ..theory import channel_tau2, evaluate_strategies, gaussian_coordinate_loss
+from ..theory import (channel_tau2, evaluate_strategies, gaussian_coordinate_loss, optimise_directions,
+                      strategy_predictor)
 from .config import EVAL_SEED_OFFSET, TrainConfig, build_prior
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "per_context_errors",
     "MATCHING_BASELINE",
     "theory_reference",
+    "baseline_predictor",
     "compare_with_theory",
 ]
 
@@ -174,21 +176,49 @@ def theory_reference(config: TrainConfig, samples: int = 4000, seed: int = 0) ->
     return {"name": name, "value": est.mean, "stderr": est.stderr, "samples": est.n}
 
 
-def compare_with_theory(model: FVTransformer, config: TrainConfig, contexts: int = 4000, seed: int = 0) -> dict:
-    """A trained model's excess loss next to its matching theory baseline, on ``contexts`` contexts.
+def baseline_predictor(config: TrainConfig, seed: int = 0):
+    """The matching theory baseline of a tree-prior run (:data:`MATCHING_BASELINE`) as a
+    predictor, ``batch -> theta_hat`` (:mod:`fvlib.theory.predictors`); ``nonadaptive_opt``'s
+    directions are optimised with ``seed`` (as :func:`theory_reference` does)."""
+    tree = build_prior(config)
+    if not isinstance(tree, TreePrior):
+        raise ValueError(f"baseline_predictor needs a tree prior (Gaussian priors have a closed form), "
+                         f"got {config.prior!r}")
+    name = MATCHING_BASELINE[config.model]
+    directions = None
+    if name == "nonadaptive_opt":
+        tau2 = channel_tau2(tree, config.n_ctx, config.noise_std)
+        directions = optimise_directions(tree, config.budget, tau2, seed=seed)
+    return strategy_predictor(name, tree, config.budget, directions=directions)
+
+
+def compare_with_theory(model, config: TrainConfig, contexts: int = 4000, seed: int = 0) -> dict:
+    """A trained model's excess loss next to its matching theory baseline, **paired**: both on
+    the same ``contexts`` evaluation contexts (drawn with ``seed + EVAL_SEED_OFFSET``, those of
+    :func:`evaluate`).
+
+    Tree prior: the baseline of :data:`MATCHING_BASELINE` as a predictor
+    (:func:`baseline_predictor`) on the model's own contexts; ``ratio`` is the paired ratio of
+    the means with its standard error (:func:`fvlib.stats.paired_ratio`). Gaussian priors: the
+    closed form of :func:`theory_reference` (no Monte Carlo error), ``ratio_stderr`` the model's
+    standard error over it.
 
     Returns ``{"model", "model_stderr", "theory", "theory_stderr", "theory_name", "ratio",
-    "contexts"}`` where ``ratio = model / theory``.
+    "ratio_stderr", "contexts"}`` with ``ratio = model / theory``.
     """
+    check_int("contexts", contexts, 2)
     prior = build_prior(config)
-    measured = evaluate(model, prior, config.n_ctx, config.noise_std, contexts=contexts, seed=seed + EVAL_SEED_OFFSET)
-    ref = theory_reference(config, samples=contexts, seed=seed)
-    return {
-        "model": measured["excess_loss"],
-        "model_stderr": measured["stderr"],
-        "theory": ref["value"],
-        "theory_stderr": ref["stderr"],
-        "theory_name": ref["name"],
-        "ratio": measured["excess_loss"] / ref["value"] if ref["value"] > 0 else float("inf"),
-        "contexts": contexts,
-    }
+    batches = sample_eval_batches(prior, config.n_ctx, config.noise_std, contexts, seed + EVAL_SEED_OFFSET)
+    errors = per_context_losses(model, batches)[0]
+    model_mean, model_se = (float(v) for v in mean_and_stderr(errors))
+    if isinstance(prior, TreePrior):
+        theory_errors = per_context_errors({"theory": baseline_predictor(config, seed)}, batches)["theory"]
+        theory, theory_se = (float(v) for v in mean_and_stderr(theory_errors))
+        ratio, ratio_se = paired_ratio(errors, theory_errors)
+        name = MATCHING_BASELINE[config.model]
+    else:
+        ref = theory_reference(config)
+        name, theory, theory_se = ref["name"], ref["value"], 0.0
+        ratio, ratio_se = model_mean / theory, model_se / theory
+    return {"model": model_mean, "model_stderr": model_se, "theory": theory, "theory_stderr": theory_se,
+            "theory_name": name, "ratio": ratio, "ratio_stderr": ratio_se, "contexts": contexts}
