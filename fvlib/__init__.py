@@ -10,7 +10,9 @@ imports only from the layers below it (``tests/test_import_layers.py`` checks th
     priors                    the tree prior, Gaussian priors, the Gaussian twin
     task                      in-context regression contexts, labels and queries
     theory                    exact posteriors, strategies, dynamic programming, closed forms, fits
-    models                    the constrained linear-attention transformer (models A, B, C), hooks
+    hooks                     hook points, handles, activation caches, one ``hook_name`` for every
+                              model; the input checks the models share
+    models                    the constrained linear-attention transformer (models A, B, C)
     transformer               standard transformers (softmax attention, MLPs; bottlenecked and
                               open arrangements, models A' and B') with the same hooks
     warm_start                model A's router fitted to the greedy policy before training

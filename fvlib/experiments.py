@@ -66,7 +66,7 @@ import torch
 
 from ._checks import check_int, check_number, check_seed
 from .batched import train_many
-from .models import hook_name
+from .hooks import hook_name
 from .priors import GaussianPrior, TreePrior
 from .stats import mean_and_stderr, squared_error
 from .task import make_generator, sample_task

@@ -45,7 +45,8 @@ import numpy as np
 import torch
 
 from ._checks import check_int
-from .models import FVTransformer, hook_name
+from .hooks import hook_name
+from .models import FVTransformer
 from .priors import TreePrior
 from .stats import mean_and_stderr, squared_error
 from .task import TaskBatch, check_task_args, make_generator, sample_task

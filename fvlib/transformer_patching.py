@@ -63,7 +63,8 @@ from .patching import (
 )
 from .priors import Prior, TreePrior
 from .task import TaskBatch, make_generator, sample_task
-from .transformer import StandardTransformer, transformer_hook_name
+from .hooks import hook_name
+from .transformer import StandardTransformer
 
 __all__ = [
     "PROBE_QUERY_SEED_OFFSET",
@@ -94,7 +95,7 @@ def stream_hook(model: StandardTransformer, layer: int) -> str:
     _check_model(model)
     check_int("layer", layer, 1, model.config.n_layers)
     kind = "workspace" if model.config.arrangement == "bottlenecked" else "query"
-    return transformer_hook_name(kind, layer)
+    return hook_name(kind, layer)
 
 
 def _probe_queries(batch: TaskBatch, queries: int, generator: torch.Generator) -> torch.Tensor:
@@ -240,8 +241,8 @@ def _state_patcher(model: StandardTransformer, queries: int, seed: int, kind: st
     L = model.config.n_layers
     device = _model_device(model)
     query_gen = make_generator(seed + PROBE_QUERY_SEED_OFFSET)
-    workspace = [transformer_hook_name("workspace", l) for l in range(1, L + 1)]
-    asked = [transformer_hook_name("queries", l) for l in range(1, L + 1)]
+    workspace = [hook_name("workspace", l) for l in range(1, L + 1)]
+    asked = [hook_name("queries", l) for l in range(1, L + 1)]
 
     def run_pair(target, donor):
         x_probe = _probe_queries(target, queries, query_gen)
@@ -252,7 +253,7 @@ def _state_patcher(model: StandardTransformer, queries: int, seed: int, kind: st
                 hooks = [(asked[l - 1], _replace_with(donor_cache[asked[l - 1]]))]
                 patched.append(effective_theta(model, target, x_probe, hooks))
                 continue
-            sent = [transformer_hook_name("keys", l), transformer_hook_name("values", l)]
+            sent = [hook_name("keys", l), hook_name("values", l)]
             donor_state = [(workspace[j], _replace_with(donor_cache[workspace[j]])) for j in range(l - 1)]
             with model.hooks(donor_state):  # the target's tokens, having read the donor's phi_1..phi_{l-1}
                 _, hybrid = model.run_with_cache(target.to(device), names_filter=sent)
@@ -355,7 +356,7 @@ def attention_spread(
         raise ValueError(f"n_ctx must be at least 2 to speak of spread, got {n_ctx!r}")
     L = model.config.n_layers
     batch = sample_task(prior, contexts, n_ctx, noise_std, make_generator(seed)).to(_model_device(model))
-    names = [transformer_hook_name("pattern", l) for l in range(1, L + 1)]
+    names = [hook_name("pattern", l) for l in range(1, L + 1)]
     _, cache = model.run_with_cache(batch, names_filter=names)
     entropy, peak, shown = [], [], []
     for name in names:

@@ -12,7 +12,8 @@ import torch
 from fvlib import make_generator, make_prior
 from fvlib.patching import level_overlap, patching_pairs, probe_workspace
 from fvlib.train import TrainConfig, train
-from fvlib.transformer import make_transformer, transformer_hook_name
+from fvlib.hooks import hook_name
+from fvlib.transformer import make_transformer
 from fvlib.transformer_patching import (
     PROBE_QUERY_SEED_OFFSET,
     _state_patcher,
@@ -128,11 +129,11 @@ def test_state_patch_recomputes_what_the_targets_tokens_send():
     model = seeded()
     target, donor = pair(contexts=10)
     # the layer-2 values differ from the target's own ones (the donor's state was read)
-    names = [transformer_hook_name("values", 2)]
+    names = [hook_name("values", 2)]
     _, own = model.run_with_cache(target, names_filter=names)
-    _, dcache = model.run_with_cache(donor, names_filter=[transformer_hook_name("workspace", 1)])
-    ws = dcache[transformer_hook_name("workspace", 1)]
-    with model.hooks([(transformer_hook_name("workspace", 1), lambda t, h: ws)]):
+    _, dcache = model.run_with_cache(donor, names_filter=[hook_name("workspace", 1)])
+    ws = dcache[hook_name("workspace", 1)]
+    with model.hooks([(hook_name("workspace", 1), lambda t, h: ws)]):
         _, hybrid = model.run_with_cache(target, names_filter=names)
     _, donor_own = model.run_with_cache(donor, names_filter=names)
     assert not torch.allclose(own[names[0]], hybrid[names[0]])
