@@ -9,7 +9,8 @@ imports only from the layers below it (``tests/test_import_layers.py`` checks th
                               checksums, the lock); worker processes that end with their parent
     priors                    the tree prior, Gaussian priors, the Gaussian twin
     task                      in-context regression contexts, labels and queries
-    theory                    exact posteriors, strategies, dynamic programming, closed forms, fits
+    theory                    exact posteriors, strategies, dynamic programming, closed forms, fits,
+                              the theory of key patching
     hooks                     hook points, handles, activation caches, one ``hook_name`` for every
                               model; the input checks the models share
     models                    the constrained linear-attention transformer (models A, B, C)
@@ -18,9 +19,8 @@ imports only from the layers below it (``tests/test_import_layers.py`` checks th
     warm_start                model A's router fitted to the greedy policy before training
     train                     training, checkpoints and resume, evaluation beside theory
     batched                   many training runs in one loop (stacked parameters, vmap)
-    patching                  key patching (model and theory), transplants, probes
-    transformer_patching      the same interventions on the standard transformers: the
-                              function-vector transplant, probes, state patching
+    interventions             key and state patching, the function-vector transplant, probes,
+                              attention spread: written once, read out per model family
     experiments, reproduce    the chapters' experiment drivers (training runs, Monte Carlo
                               sweeps, hooked model runs); the CLI's reproduce command
     store                     the book's long experiments as named, resumable jobs, stored in
@@ -42,8 +42,7 @@ from .priors import GaussianPrior, TreePrior, make_prior  # noqa: E402
 from .task import TaskBatch, make_generator, sample_task  # noqa: E402
 
 # The heavier layers are imported on first use: ``fvlib.theory``, ``fvlib.models``,
-# ``fvlib.transformer``, ``fvlib.train``, ``fvlib.batched``, ``fvlib.patching``,
-# ``fvlib.transformer_patching``,
+# ``fvlib.transformer``, ``fvlib.train``, ``fvlib.batched``, ``fvlib.interventions``,
 # ``fvlib.experiments``, ``fvlib.plots``.
 
 __all__ = [

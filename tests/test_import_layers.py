@@ -1,7 +1,8 @@
 """fvlib's imports: no cycle, and every module imports only from the layers below it.
 
 The layers are the ones documented in the docstrings of ``fvlib/__init__.py`` (the top-level
-modules), ``fvlib/theory/__init__.py`` and ``fvlib/plots/__init__.py`` (their submodules): a
+modules), ``fvlib/theory/__init__.py``, ``fvlib/interventions/__init__.py`` and
+``fvlib/plots/__init__.py`` (their submodules): a
 literal block (after a line ending in ``::`` that speaks of layers) whose lines indented by four
 spaces name the modules of one layer, comma-separated, from the bottom up (text after two
 spaces, and lines indented further, describe the layer). Imports are read with ``ast`` from every
@@ -78,7 +79,7 @@ def _layers(package: str) -> list[list[str]]:
     return layers
 
 
-LAYERED = ["fvlib", "fvlib.theory", "fvlib.plots"]
+LAYERED = ["fvlib", "fvlib.theory", "fvlib.interventions", "fvlib.plots"]
 
 
 def _unit(module: str, package: str) -> str | None:
@@ -112,7 +113,7 @@ def test_fvlib_has_no_import_cycle():
 
 def test_the_graph_sees_local_imports_and_submodules():
     # cli imports its subcommands inside functions; theory/__init__ imports every submodule
-    assert {"fvlib.theory", "fvlib.train", "fvlib.patching", "fvlib.reproduce"} <= GRAPH["fvlib.cli"]
+    assert {"fvlib.theory", "fvlib.train", "fvlib.interventions", "fvlib.reproduce"} <= GRAPH["fvlib.cli"]
     assert {"fvlib.theory.dp", "fvlib.theory.strategies", "fvlib.theory.baselines"} <= GRAPH["fvlib.theory"]
     assert "fvlib.theory.posteriors" in GRAPH["fvlib.theory.dp"]
 
