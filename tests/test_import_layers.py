@@ -7,7 +7,8 @@ literal block (after a line ending in ``::`` that speaks of layers) whose lines 
 spaces name the modules of one layer, comma-separated, from the bottom up (text after two
 spaces, and lines indented further, describe the layer). Imports are read with ``ast`` from every
 module, including the ones inside functions (a local import hides a cycle, it does not remove
-it). Nothing is imported: the test reads the sources.
+it). Nothing is imported: the test reads the sources. No module imports another's private
+(underscore) name either.
 """
 
 from __future__ import annotations
@@ -157,3 +158,50 @@ def test_plots_computes_nothing():
             assert not deps & computing, f"{name} imports {sorted(deps & computing)}"
             theory = {d for d in deps if d == "fvlib.theory" or d.startswith("fvlib.theory.")}
             assert not theory, f"{name} imports {sorted(theory)}"
+
+
+def _private_imports(name: str, source: str | None = None) -> list[tuple[str, str]]:
+    """``(source module, name)`` of every underscore-prefixed name that module ``name`` (its file,
+    or ``source``) imports from another fvlib module (``from .x import _y``); a private *module*
+    (``fvlib._checks``) is fine, its public names are its interface."""
+    tree = ast.parse(source if source is not None else MODULES[name].read_text(), filename=name)
+    package = name if name in PACKAGES else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+            module = ".".join(base + ([node.module] if node.module else []))
+        else:
+            module = node.module or ""
+        if module != "fvlib" and not module.startswith("fvlib."):
+            continue
+        out += [(module, a.name) for a in node.names
+                if a.name.startswith("_") and f"{module}.{a.name}" not in MODULES]
+    return out
+
+
+#: The training code's private imports, left to the move of that code into ``fvlib.training``
+#: (the other half of the issue "A package whose folders show its architecture"): empty this
+#: set there.
+TRAINING_PRIVATE_IMPORTS = {
+    ("fvlib.batched", "fvlib.train", "_eval_set_key"),
+    ("fvlib.batched", "fvlib.train", "_eval_summary"),
+    ("fvlib.batched", "fvlib.train", "_Run"),
+    ("fvlib.experiments", "fvlib.train", "_sample_eval_batches"),
+}
+
+
+def test_the_private_import_check_sees_private_names():
+    source = ("from ..train import _Run, TrainConfig\nfrom .._checks import check_int\nfrom .. import _checks\n"
+              "import numpy as _np\nfrom torch import _C\n\ndef f():\n    from ..hooks import _names_filter\n")
+    assert _private_imports("fvlib.interventions.fake", source) == [
+        ("fvlib.train", "_Run"), ("fvlib.hooks", "_names_filter")]
+
+
+def test_no_module_imports_a_private_name_of_another():
+    found = {(name, module, private) for name in MODULES for module, private in _private_imports(name)}
+    wrong = sorted(found - TRAINING_PRIVATE_IMPORTS)
+    assert not wrong, "private names imported across modules:\n" + "\n".join(
+        f"{name} imports {private} from {module}" for name, module, private in wrong)
