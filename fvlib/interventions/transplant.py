@@ -31,12 +31,14 @@ __all__ = ["TransplantResult", "run_transplant", "transplant_workspace", "transp
 
 @dataclass
 class TransplantResult:
-    """Whose ``theta`` the model predicts after the target's ``Phi_l`` is replaced by the donor's.
+    """Whose ``theta`` the model predicts after the target's stream after layer ``l`` (the
+    workspace ``Phi_l``, or the open arrangement's query streams) is replaced by the donor's.
 
     Attributes:
-        target_overlap: ``(L, K)``; row ``l - 1`` (the stream after layer ``l`` transplanted), column
-            ``k``: mean :func:`~fvlib.interventions.readout.level_overlap` of ``theta_hat`` with the target's path at level
-            ``k`` (1 = the model predicts the target there).
+        target_overlap: ``(L, K)``; row ``l - 1`` (the stream after layer ``l`` transplanted),
+            column ``k``: mean :func:`~fvlib.interventions.readout.level_overlap` of
+            ``theta_hat`` with the target's path at level ``k`` (1 = the model predicts the
+            target there).
         donor_overlap: ``(L, K)``, the same with the donor's path.
         baseline_overlap: ``(K,)``, overlap of the unpatched prediction with the target.
         split_level: where donor and target paths split (levels below it are shared, so
