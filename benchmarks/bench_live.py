@@ -34,7 +34,8 @@ def main():
     torch.set_num_threads(1)
     os.chdir(Path(__file__).resolve().parents[1] / "book")  # the chapters' run directory
     from fvlib.experiments import shared_configs
-    from fvlib.patching import key_patching_sweep, theory_patching_sweep
+    from fvlib.interventions import key_patching_sweep
+    from fvlib.theory import theory_patching_sweep
     from fvlib.training import TrainConfig, run_dir_for, train
 
     measure("prior", widgets.prior_explorer(depth=4, alpha=0.5, seed=0))                      # chapter 2

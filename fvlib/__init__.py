@@ -8,15 +8,17 @@ imports only from the layers below it (``tests/test_import_layers.py`` checks th
     workers                   worker processes that end with their parent
     priors                    the tree prior, Gaussian priors, the Gaussian twin
     task                      in-context regression contexts, labels and queries
-    theory                    exact posteriors, strategies, dynamic programming, closed forms, fits
-    models                    the constrained linear-attention transformer (models A, B, C), hooks
+    theory                    exact posteriors, strategies, dynamic programming, closed forms, fits,
+                              the theory of key patching
+    hooks                     hook points, handles, activation caches, one ``hook_name`` for every
+                              model; the input checks the models share
+    models                    the constrained linear-attention transformer (models A, B, C)
     transformer               standard transformers (softmax attention, MLPs; bottlenecked and
                               open arrangements, models A' and B') with the same hooks
     training                  training (one run and many at once, vmap), run directories and
                               checkpoints, evaluation beside theory, the imitation warm start
-    patching                  key patching (model and theory), transplants, probes
-    transformer_patching      the same interventions on the standard transformers: the
-                              function-vector transplant, probes, state patching
+    interventions             key and state patching, the function-vector transplant, probes,
+                              attention spread: written once, read out per model family
     experiments, reproduce    the chapters' experiment drivers (training runs, Monte Carlo
                               sweeps, hooked model runs); the CLI's reproduce command
     store                     the book's long experiments as named, resumable jobs, stored in
@@ -38,8 +40,7 @@ from .priors import GaussianPrior, TreePrior, make_prior  # noqa: E402
 from .task import TaskBatch, make_generator, sample_task  # noqa: E402
 
 # The heavier layers are imported on first use: ``fvlib.theory``, ``fvlib.models``,
-# ``fvlib.transformer``, ``fvlib.training``, ``fvlib.patching``,
-# ``fvlib.transformer_patching``,
+# ``fvlib.transformer``, ``fvlib.training``, ``fvlib.interventions``,
 # ``fvlib.experiments``, ``fvlib.plots``.
 
 __all__ = [

@@ -465,8 +465,9 @@ def _run_warm(args) -> dict:
 
 
 def _run_patch(args) -> dict:
-    from .patching import key_patching_sweep, theory_patching_sweep
+    from .interventions import key_patching_sweep, state_patching_sweep
     from .priors import TreePrior
+    from .theory import theory_patching_sweep
     from .training import RunDirError, build_prior, load_run
 
     try:
@@ -476,7 +477,7 @@ def _run_patch(args) -> dict:
     if config.arch == "transformer-open":
         raise CliError(f"patch supports --arch constrained runs (key patching) and --arch transformer runs "
                        f"(its state-patching analogue); {args.run} is an --arch {config.arch} run, which has "
-                       f"no separate state to patch (use fvlib.transformer_patching.transplant_stream)")
+                       f"no separate state to patch (use fvlib.interventions.transplant_stream)")
     prior = build_prior(config)
     if not isinstance(prior, TreePrior):
         raise CliError(f"patching needs a run trained on the tree prior, {args.run} used {config.prior!r}")
@@ -484,8 +485,6 @@ def _run_patch(args) -> dict:
     if config.arch == "constrained":
         model_side = key_patching_sweep(model, prior, config.n_ctx, config.noise_std, **kw)
     else:
-        from .transformer_patching import state_patching_sweep
-
         model_side = state_patching_sweep(model, prior, config.n_ctx, config.noise_std, **kw)
     theory_side = theory_patching_sweep(prior, config.n_ctx, config.noise_std, model.config.n_layers, **kw)
     return {

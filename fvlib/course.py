@@ -32,7 +32,7 @@ Conventions (as in the rest of fvlib; see the book's appendix *Conventions*):
   channel").
 * Patching heatmaps: ``loss[m - 1, l - 1]``, rows split levels ``m = 1..K`` (the first level at
   which donor and target paths visit different nodes), columns layers ``l = 1..L`` (1-based,
-  as in the hook names ``blocks.{l}``); see :mod:`fvlib.patching` (section "Donor, target and
+  as in the hook names ``blocks.{l}``); see :mod:`fvlib.theory.patching` (section "Donor, target and
   the split level").
 
 Every check is fast (well under a second with fvlib's reference solutions) and deterministic
@@ -50,11 +50,11 @@ from typing import Any, Callable, Iterable
 import torch
 
 from ._checks import check_int, check_number
-from .patching import PatchingResult, theory_patching_sweep
 from .priors import GaussianPrior, Prior, TreePrior
 from .task import make_generator, sample_task
 from .theory import (
     GaussianChannel,
+    PatchingResult,
     channel_tau2,
     dp_value,
     gaussian_posterior,
@@ -66,6 +66,7 @@ from .theory import (
     noisefree_nonadaptive_loss,
     policy_value,
     posterior_probs,
+    theory_patching_sweep,
     tree_posterior_mean,
 )
 
@@ -1177,7 +1178,7 @@ def ideal_patching_mask(depth: int, n_layers: int) -> torch.Tensor:
     donor keys at layers ``l <= m`` route the target to its own node (no effect) and at
     ``l > m`` to a node off its path. That wastes one layer, not every level below it: a later
     outcome reveals the skipped sign, so without noise (and ``L = K``) the expected cost is only
-    ``alpha^(K-1) / 2^(K-l)`` (:func:`fvlib.patching.noisefree_patching_loss`).
+    ``alpha^(K-1) / 2^(K-l)`` (:func:`fvlib.theory.patching.noisefree_patching_loss`).
     """
     check_int("depth", depth, 1)
     check_int("n_layers", n_layers, 1)
@@ -1249,7 +1250,7 @@ def _heatmap_cases(options):
 
 def _read_heatmap(student, c) -> torch.Tensor:
     """The student's ``(K, L)`` heatmap; its own standard errors, when it returned a
-    :class:`~fvlib.patching.PatchingResult`, are kept as ``c.student_stderr``."""
+    :class:`~fvlib.theory.patching.PatchingResult`, are kept as ``c.student_stderr``."""
     raw = _call_on(student, c) if callable(student) else student
     own = isinstance(raw, PatchingResult) and isinstance(raw.stderr, torch.Tensor)
     c.student_stderr = raw.stderr.double() if own else None
@@ -1328,7 +1329,7 @@ _PATCHING_MISCONCEPTIONS = (
                   matches=lambda c, y, ref: _rows_shifted(c, y, ref, 1) or _rows_shifted(c, y, ref, -1)),
 )
 _PATCHING_HINT = (
-    "for each split level m draw pairs with fvlib.patching.patching_pairs, run the greedy policy on the "
+    "for each split level m draw pairs with fvlib.theory.patching_pairs, run the greedy policy on the "
     "donor's statistic to get its nodes, then rerun the target with forced={l: donor_nodes[:, l - 1]} "
     "and score E|theta_hat - theta_target|^2"
 )
@@ -1393,7 +1394,7 @@ def check_patching_sweep(
     ``student`` is one of
 
     * a function ``fn(tree, n_ctx, noise_std, n_layers, contexts, seed)`` returning the heatmap
-      ``loss (K, L)`` (a tensor or a :class:`fvlib.patching.PatchingResult`), with
+      ``loss (K, L)`` (a tensor or a :class:`fvlib.theory.patching.PatchingResult`), with
       ``loss[m - 1, l - 1]`` the target's excess loss ``E|theta_hat - theta_target|^2`` when the
       target's measured node at layer ``l`` is replaced by the donor's, for donor/target pairs
       whose paths split at level ``m``; run on :data:`PATCHING_CASES`;
@@ -1402,7 +1403,7 @@ def check_patching_sweep(
     * a *boolean* ``(K, L)`` mask of the cells where the patch changes what the target
       measures: the qualitative shape, compared with :func:`ideal_patching_mask` (``l > m``).
 
-    Reference: :func:`fvlib.patching.theory_patching_sweep` with ``contexts`` pairs and
+    Reference: :func:`fvlib.theory.patching.theory_patching_sweep` with ``contexts`` pairs and
     ``seed``. A numeric answer passes when every cell is within
     ``z * sqrt(2) * stderr + atol`` of the reference (``sqrt(2)``: the student's heatmap has its
     own Monte Carlo error of about the same size). Recognised mistakes: a transposed heatmap,

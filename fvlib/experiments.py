@@ -1,7 +1,7 @@
 """The experiments of the chapters: the loops that train models, sweep Monte Carlo estimates
 and run hooked models, returning plain results that :mod:`fvlib.plots` draws.
 
-This layer sits between :mod:`fvlib.patching` and :mod:`fvlib.plots`: it computes and does not
+This layer sits between :mod:`fvlib.interventions` and :mod:`fvlib.plots`: it computes and does not
 draw; the figure functions take its results. One section per chapter family:
 
 Training (chapters 5, *Gaussian prior*, and 8, *Experiments*; the book's appendix
@@ -65,7 +65,7 @@ import numpy as np
 import torch
 
 from ._checks import check_int, check_number, check_seed
-from .models import hook_name
+from .hooks import hook_name
 from .priors import GaussianPrior, TreePrior
 from .stats import mean_and_stderr, paired_ratio, squared_error
 from .theory import (

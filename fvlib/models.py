@@ -25,9 +25,9 @@ Router kinds:
 
 Decoder kinds: ``mlp`` and ``linear`` (no bias).
 
-Hook points (TransformerLens style, plain torch underneath). **Layers are numbered from 1**,
-as in the book's math, so ``blocks.1`` is the first layer and ``blocks.{L}`` the last; the hook
-names are also the module paths (``model.blocks["1"].hook_keys``):
+Hook points (:mod:`fvlib.hooks`). **Layers are numbered from 1**, as in the book's math, so
+``blocks.1`` is the first layer and ``blocks.{L}`` the last; the hook names are also the module
+paths (``model.blocks["1"].hook_keys``):
 
 * ``blocks.{l}.hook_keys`` -- ``(B, N, d)``: keys ``k_i^l`` of every context token;
 * ``blocks.{l}.hook_phi`` -- ``(B, d)``: pooled statistic ``phi_l``;
@@ -36,41 +36,28 @@ names are also the module paths (``model.blocks["1"].hook_keys``):
 * ``hook_prediction`` -- ``(B,)``: query prediction ``y_hat_q`` (``(B, Q)`` for ``Q`` query
   tokens per context).
 
-:func:`hook_name` builds every name (``hook_name("keys", l)``, ``hook_name("theta_hat")``).
-A hook is ``fn(tensor, hook) -> tensor | None``; returning ``None`` keeps the tensor and
-``hook.name`` is the hook's name. Use :meth:`HookedModel.run_with_cache`,
-:meth:`HookedModel.run_with_hooks` or the context manager :meth:`HookedModel.hooks`;
-:meth:`HookPoint.add_hook` returns a :class:`HookHandle` whose ``remove()`` takes the hook out.
+:func:`fvlib.hooks.hook_name` builds every name (``hook_name("keys", l)``,
+``hook_name("theta_hat")``); the hooks themselves are those of :class:`fvlib.hooks.HookedModel`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fnmatch
-import itertools
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
 
 from ._checks import check_int, dataclass_from_dict
+from .hooks import LAYER_HOOKS, MODEL_HOOKS, HookedModel, HookPoint, hook_name
 from .priors import Prior
-from .task import TaskBatch
 
 __all__ = [
     "ROUTER_KINDS",
     "DECODER_KINDS",
     "MODEL_KINDS",
     "ModelConfig",
-    "LAYER_HOOKS",
-    "MODEL_HOOKS",
-    "hook_name",
-    "HookPoint",
-    "HookHandle",
-    "ActivationCache",
-    "HookedModel",
     "FVTransformer",
     "model_a",
     "model_b",
@@ -83,8 +70,6 @@ __all__ = [
 ROUTER_KINDS = ("gated", "mlp", "linear")
 DECODER_KINDS = ("mlp", "linear")
 MODEL_KINDS = ("A", "B", "C")
-
-HookFn = Callable[[torch.Tensor, "HookPoint"], "torch.Tensor | None"]
 
 
 # ----------------------------------------------------------------------------------------
@@ -133,181 +118,6 @@ class ModelConfig:
     def from_dict(cls, data: Mapping) -> "ModelConfig":
         """Build from a dict; unknown keys raise ``ValueError`` naming them."""
         return dataclass_from_dict(cls, data, "model config")
-
-
-# ----------------------------------------------------------------------------------------
-# Hooks and caches
-# ----------------------------------------------------------------------------------------
-#: The activations hooked in every layer ``l``, named ``blocks.{l}.hook_{kind}``.
-LAYER_HOOKS = ("keys", "phi", "workspace")
-#: The activations hooked once per model, named ``hook_{kind}``.
-MODEL_HOOKS = ("theta_hat", "prediction")
-
-
-def hook_name(kind: str, layer: int | str | None = None) -> str:
-    """The name of a hook point, e.g. ``hook_name("keys", 2) == "blocks.2.hook_keys"``.
-
-    ``kind`` is one of :data:`LAYER_HOOKS` with a 1-based ``layer`` (or ``"*"``, the glob
-    pattern of every layer, for ``names_filter``), or one of :data:`MODEL_HOOKS` without one:
-    ``hook_name("theta_hat") == "hook_theta_hat"``.
-    """
-    if kind in MODEL_HOOKS:
-        if layer is not None:
-            raise ValueError(f"hook_{kind} belongs to the whole model, not to a layer; got layer={layer!r}")
-        return f"hook_{kind}"
-    if kind not in LAYER_HOOKS:
-        raise ValueError(f"hook kind must be one of {LAYER_HOOKS + MODEL_HOOKS}, got {kind!r}")
-    if layer != "*":
-        check_int("layer", layer, 1)
-    return f"blocks.{layer}.hook_{kind}"
-
-
-class HookHandle:
-    """What :meth:`HookPoint.add_hook` returns: :meth:`remove` takes out exactly that hook
-    (the same function added twice has two handles)."""
-
-    def __init__(self, hook_fns: dict, key: int):
-        self._hook_fns, self._key = hook_fns, key
-
-    def remove(self) -> None:
-        """Remove the hook; removing it again does nothing."""
-        self._hook_fns.pop(self._key, None)
-
-
-class HookPoint(nn.Module):
-    """Identity module marking a named activation; hooks may read or replace it.
-
-    Each hook is ``fn(tensor, hook) -> tensor | None``; hooks run in the order they were
-    added and a returned tensor replaces the activation (``None`` keeps it).
-    """
-
-    _keys = itertools.count()
-
-    def __init__(self):
-        super().__init__()
-        self.name = ""
-        self._hook_fns: dict[int, HookFn] = {}
-
-    def add_hook(self, fn: HookFn) -> HookHandle:
-        """Run ``fn`` on every forward pass until the returned handle's ``remove()``."""
-        key = next(self._keys)
-        self._hook_fns[key] = fn
-        return HookHandle(self._hook_fns, key)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for fn in list(self._hook_fns.values()):
-            out = fn(x, self)
-            if out is not None:
-                if out.shape != x.shape:
-                    raise ValueError(
-                        f"hook on {self.name} returned shape {tuple(out.shape)}, expected {tuple(x.shape)}"
-                    )
-                x = out
-        return x
-
-    def extra_repr(self) -> str:
-        return f"name={self.name!r}"
-
-
-class ActivationCache(Mapping):
-    """Read-only mapping from hook name to the activation recorded in one forward pass."""
-
-    def __init__(self, activations: dict[str, torch.Tensor]):
-        self._activations = dict(activations)
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        try:
-            return self._activations[name]
-        except KeyError:
-            raise KeyError(f"{name!r} is not in the cache; cached: {sorted(self._activations)}") from None
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._activations)
-
-    def __len__(self) -> int:
-        return len(self._activations)
-
-    def to(self, device: str | torch.device) -> "ActivationCache":
-        return ActivationCache({k: v.to(device) for k, v in self._activations.items()})
-
-    def __repr__(self) -> str:
-        shapes = ", ".join(f"{k}: {tuple(v.shape)}" for k, v in self._activations.items())
-        return f"ActivationCache({shapes})"
-
-
-def _names_filter(names_filter) -> Callable[[str], bool]:
-    """``None`` (all), a name or glob pattern, a list of them, or a predicate."""
-    if names_filter is None:
-        return lambda name: True
-    if callable(names_filter):
-        return names_filter
-    patterns = [names_filter] if isinstance(names_filter, str) else list(names_filter)
-    return lambda name: any(fnmatch.fnmatchcase(name, p) for p in patterns)
-
-
-class HookedModel(nn.Module):
-    """The hook machinery shared by fvlib's models (:class:`FVTransformer` here, the standard
-    transformers of :mod:`fvlib.transformer`): a subclass builds its modules, then calls
-    ``_register_hook_points``, which names every :class:`HookPoint` after its module path."""
-
-    def _register_hook_points(self) -> None:
-        self._hook_points = {name: m for name, m in self.named_modules() if isinstance(m, HookPoint)}
-        for name, hook_point in self._hook_points.items():
-            hook_point.name = name
-
-    def hook_names(self) -> list[str]:
-        """All hook names in forward order (for :class:`FVTransformer`: per layer keys, phi,
-        workspace; then theta_hat, prediction)."""
-        return list(self._hook_points)
-
-    def _check_hook_names(self, names: Iterable[str]) -> None:
-        unknown = [n for n in names if n not in self._hook_points]
-        if unknown:
-            raise ValueError(f"unknown hook names {unknown}; known: {self.hook_names()}")
-
-    @contextlib.contextmanager
-    def hooks(self, fwd_hooks: Iterable[tuple[str, HookFn]] = ()):
-        """Context manager that adds ``(name, fn)`` hooks and removes them on exit."""
-        fwd_hooks = list(fwd_hooks)
-        self._check_hook_names([name for name, _ in fwd_hooks])
-        handles: list[HookHandle] = []
-        try:
-            for name, fn in fwd_hooks:
-                handles.append(self._hook_points[name].add_hook(fn))
-            yield self
-        finally:
-            for handle in handles:
-                handle.remove()
-
-    def run_with_hooks(self, batch_or_x, *args, fwd_hooks: Iterable[tuple[str, HookFn]] = ()) -> torch.Tensor:
-        """Forward pass (same arguments as ``forward``) with temporary hooks."""
-        with self.hooks(fwd_hooks):
-            return self(batch_or_x, *args)
-
-    def run_with_cache(
-        self, batch_or_x, *args, names_filter=None, detach: bool = True
-    ) -> tuple[torch.Tensor, ActivationCache]:
-        """Forward pass that records activations.
-
-        Args:
-            names_filter: ``None`` (all hooks), a name or glob pattern (``"blocks.*.hook_keys"``),
-                a list of them, or a predicate on names.
-            detach: detach the cached tensors from the autograd graph.
-
-        Returns:
-            ``(y_hat_q, cache)``; ``cache[name]`` is the activation *after* any hook on it.
-        """
-        keep = _names_filter(names_filter)
-        activations: dict[str, torch.Tensor] = {}
-
-        def record(tensor, hook):
-            activations[hook.name] = tensor.detach() if detach else tensor
-
-        names = [n for n in self.hook_names() if keep(n)]
-        if isinstance(names_filter, (str, list, tuple)) and not names:
-            raise ValueError(f"names_filter {names_filter!r} matches no hook; known: {self.hook_names()}")
-        prediction = self.run_with_hooks(batch_or_x, *args, fwd_hooks=[(n, record) for n in names])
-        return prediction, ActivationCache({n: activations[n] for n in names})
 
 
 # ----------------------------------------------------------------------------------------
@@ -523,7 +333,8 @@ class FVTransformer(HookedModel):
         self.hook_theta_hat = HookPoint()
         self.hook_prediction = HookPoint()
         self._register_hook_points()
-        layer_hooks = [hook_name(kind, l) for l in range(1, config.n_layers + 1) for kind in LAYER_HOOKS]
+        kinds = [kind for kind, families in LAYER_HOOKS.items() if "constrained" in families]
+        layer_hooks = [hook_name(kind, l) for l in range(1, config.n_layers + 1) for kind in kinds]
         assert list(self._hook_points) == layer_hooks + [hook_name(kind) for kind in MODEL_HOOKS]
 
     # ----- forward ---------------------------------------------------------------------
@@ -539,7 +350,6 @@ class FVTransformer(HookedModel):
         return workspace
 
     def _theta_and_prediction(self, x, y, x_query) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y, x_query = self._check_inputs(x, y, x_query)
         theta_hat = self.hook_theta_hat(self.decoder(self.workspace(x, y)))
         if x_query.ndim == 2:
             prediction = (theta_hat * x_query).sum(-1)
@@ -557,7 +367,7 @@ class FVTransformer(HookedModel):
         ``x_query (B, D)``. Several query tokens per context, ``x_query (B, Q, D)``, give
         predictions ``(B, Q)``.
         """
-        return self._theta_and_prediction(*self._unpack(batch_or_x, y, x_query))[1]
+        return self._theta_and_prediction(*self._inputs(batch_or_x, y, x_query))[1]
 
     def predict_theta(
         self, batch_or_x, y: torch.Tensor | None = None, x_query: torch.Tensor | None = None
@@ -566,30 +376,7 @@ class FVTransformer(HookedModel):
 
         Runs the full forward pass, so hooks on ``hook_prediction`` also fire.
         """
-        return self._theta_and_prediction(*self._unpack(batch_or_x, y, x_query))[0]
-
-    def _unpack(self, batch_or_x, y, x_query):
-        if isinstance(batch_or_x, TaskBatch):
-            if y is not None or x_query is not None:
-                raise ValueError("pass either a TaskBatch or the tensors x, y, x_query, not both")
-            return batch_or_x.x, batch_or_x.y, batch_or_x.x_query
-        if y is None or x_query is None:
-            raise ValueError("forward needs a TaskBatch or all of x, y, x_query")
-        return batch_or_x, y, x_query
-
-    def _check_inputs(self, x, y, x_query):
-        D = self.config.dim
-        if x.ndim != 3 or x.shape[-1] != D:
-            raise ValueError(f"x must have shape (B, N, {D}), got {tuple(x.shape)}")
-        B, N, _ = x.shape
-        if tuple(y.shape) != (B, N):
-            raise ValueError(f"y must have shape {(B, N)}, got {tuple(y.shape)}")
-        if x_query.shape[0] != B or x_query.shape[-1] != D or x_query.ndim not in (2, 3):
-            raise ValueError(
-                f"x_query must have shape ({B}, {D}) or ({B}, Q, {D}), got {tuple(x_query.shape)}"
-            )
-        dtype = next(self.parameters()).dtype
-        return x.to(dtype), y.to(dtype), x_query.to(dtype)
+        return self._theta_and_prediction(*self._inputs(batch_or_x, y, x_query))[0]
 
     def extra_repr(self) -> str:
         c = self.config

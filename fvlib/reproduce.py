@@ -18,9 +18,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .patching import key_patching_sweep, theory_patching_sweep
+from .interventions import key_patching_sweep
 from .priors import TreePrior
-from .theory import dp_value, greedy_value, theory_baselines
+from .theory import dp_value, greedy_value, theory_baselines, theory_patching_sweep
 from .training import TrainConfig, compare_with_theory, run_dir_for, train
 
 __all__ = ["ReproduceConfig", "reproduce"]

@@ -58,9 +58,10 @@ Hook points (names are module paths; layers numbered from 1, as in the book)::
     hook_prediction            (B, Q) (or (B,) for one query token per context)
 
 with ``T = N + Q`` (context tokens first), ``h = head_dim``, ``D_m = d_model``.
-:func:`transformer_hook_name` builds the names; the hooks themselves
-(:meth:`fvlib.models.HookedModel.hooks`, :meth:`fvlib.models.HookedModel.run_with_hooks`,
-:meth:`fvlib.models.HookedModel.run_with_cache`) are those of :class:`fvlib.models.HookedModel`.
+:func:`fvlib.hooks.hook_name` builds the names (the same function as for the constrained
+models); the hooks themselves (:meth:`fvlib.hooks.HookedModel.hooks`,
+:meth:`fvlib.hooks.HookedModel.run_with_hooks`, :meth:`fvlib.hooks.HookedModel.run_with_cache`)
+are those of :class:`fvlib.hooks.HookedModel`.
 """
 
 from __future__ import annotations
@@ -74,16 +75,15 @@ from torch import nn
 from torch.nn import functional as F
 
 from ._checks import check_int, dataclass_from_dict
-from .models import MODEL_KINDS, HookedModel, HookPoint
+from .hooks import LAYER_HOOKS, HookedModel, HookPoint
+from .models import MODEL_KINDS
 from .priors import Prior
-from .task import TaskBatch
 
 __all__ = [
     "ARRANGEMENTS",
     "FEATURES",
     "TRANSFORMER_LAYER_HOOKS",
     "TransformerConfig",
-    "transformer_hook_name",
     "StandardTransformer",
     "transformer_config",
     "make_transformer",
@@ -91,18 +91,11 @@ __all__ = [
 
 ARRANGEMENTS = ("bottlenecked", "open")
 FEATURES = ("product", "raw")
-#: Hook kinds per layer and the arrangements that have them.
+#: Hook kinds per layer and the arrangements that have them (:data:`fvlib.hooks.LAYER_HOOKS`).
 TRANSFORMER_LAYER_HOOKS = {
-    "queries": ARRANGEMENTS,
-    "keys": ARRANGEMENTS,
-    "values": ARRANGEMENTS,
-    "pattern": ARRANGEMENTS,
-    "phi": ("bottlenecked",),
-    "attn_out": ARRANGEMENTS,
-    "workspace": ("bottlenecked",),
-    "read_out": ("bottlenecked",),
-    "context": ARRANGEMENTS,
-    "query": ARRANGEMENTS,
+    kind: tuple(a for a in families if a in ARRANGEMENTS)
+    for kind, families in LAYER_HOOKS.items()
+    if set(families) & set(ARRANGEMENTS)
 }
 
 
@@ -151,22 +144,6 @@ class TransformerConfig:
     def from_dict(cls, data: Mapping) -> "TransformerConfig":
         """Build from a dict; unknown keys raise ``ValueError`` naming them."""
         return dataclass_from_dict(cls, data, "transformer config")
-
-
-def transformer_hook_name(kind: str, layer: int | str | None = None) -> str:
-    """``transformer_hook_name("workspace", 2) == "blocks.2.hook_workspace"``; ``layer`` may be
-    ``"*"`` (every layer); ``transformer_hook_name("prediction") == "hook_prediction"``."""
-    if kind == "prediction":
-        if layer is not None:
-            raise ValueError(f"hook_prediction belongs to the whole model, got layer={layer!r}")
-        return "hook_prediction"
-    if kind not in TRANSFORMER_LAYER_HOOKS:
-        raise ValueError(
-            f"hook kind must be one of {tuple(TRANSFORMER_LAYER_HOOKS) + ('prediction',)}, got {kind!r}"
-        )
-    if layer != "*":
-        check_int("layer", layer, 1)
-    return f"blocks.{layer}.hook_{kind}"
 
 
 # ----------------------------------------------------------------------------------------
@@ -318,7 +295,7 @@ class StandardTransformer(HookedModel):
         return torch.cat(parts, dim=-1)
 
     def forward(self, batch_or_x, y: torch.Tensor | None = None, x_query: torch.Tensor | None = None):
-        x, y, x_query = self._check_inputs(*_unpack(batch_or_x, y, x_query))
+        x, y, x_query = self._inputs(batch_or_x, y, x_query)
         single = x_query.ndim == 2
         if single:
             x_query = x_query[:, None, :]
@@ -340,33 +317,9 @@ class StandardTransformer(HookedModel):
         """Layer ``l`` (1-based)."""
         return self.blocks[str(check_int("layer", layer, 1, self.config.n_layers))]
 
-    def _check_inputs(self, x, y, x_query):
-        D = self.config.dim
-        if x.ndim != 3 or x.shape[-1] != D:
-            raise ValueError(f"x must have shape (B, N, {D}), got {tuple(x.shape)}")
-        B, N, _ = x.shape
-        if tuple(y.shape) != (B, N):
-            raise ValueError(f"y must have shape {(B, N)}, got {tuple(y.shape)}")
-        if x_query.shape[0] != B or x_query.shape[-1] != D or x_query.ndim not in (2, 3):
-            raise ValueError(
-                f"x_query must have shape ({B}, {D}) or ({B}, Q, {D}), got {tuple(x_query.shape)}"
-            )
-        dtype = next(self.parameters()).dtype
-        return x.to(dtype), y.to(dtype), x_query.to(dtype)
-
     def extra_repr(self) -> str:
         c = self.config
         return f"{c.arrangement}, D={c.dim}, L={c.n_layers}, d={c.channels}, d_model={c.d_model}"
-
-
-def _unpack(batch_or_x, y, x_query):
-    if isinstance(batch_or_x, TaskBatch):
-        if y is not None or x_query is not None:
-            raise ValueError("pass either a TaskBatch or the tensors x, y, x_query, not both")
-        return batch_or_x.x, batch_or_x.y, batch_or_x.x_query
-    if y is None or x_query is None:
-        raise ValueError("forward needs a TaskBatch or all of x, y, x_query")
-    return batch_or_x, y, x_query
 
 
 #: ``kind -> (n_layers, channels)`` as functions of the budget: A' deep and narrow, B' wide.

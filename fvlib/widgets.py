@@ -56,14 +56,15 @@ from tqdm.notebook import tqdm as notebook_tqdm
 
 from ._checks import check_int, check_number
 from .experiments import DP_POLICY_GRID, LAYER_SPLIT_GRID, DecaySweep, decay_sweep, dp_policy_state, layer_split_state
+from .interventions import key_patching_sweep, patch_level_effect, patching_ratio
 from .live import Control, LiveSpec, live_block, live_enabled
-from .patching import PatchingResult, key_patching_sweep, patch_level_effect, patching_ratio, theory_patching_sweep
 from .plots.explorers import (POLICY_COLORS, STRATEGY_COLORS, plot_dp_policy_state, plot_layer_split_state,
                               plot_patching_cell, plot_prior_sample, plot_strategy_curves, plot_training_run)
 from .plots.style import MODEL_COLORS, OKABE_ITO, STRATEGY_LABELS
 from .plots.training import theory_label
 from .priors import GaussianPrior, TreePrior
 from .task import make_generator
+from .theory import PatchingResult, theory_patching_sweep
 from .training import (EVAL_SEED_OFFSET, RunDirError, TrainConfig, build_prior, checkpoint_step, evaluate, load_history,
                     run_dir_for, theory_reference, train)
 
@@ -723,7 +724,7 @@ def patching_state(sweeps: Mapping, effect) -> dict:
     """What the patching explorer shows of one cell ``(m, l)``: the loss ratio of the cell and
     of its row ``m`` (of the model's sweep when ``sweeps`` has one, else the theory's) and, level
     by level, the overlaps of the patched prediction (``effect``, a
-    :class:`fvlib.patching.LevelEffect`).
+    :class:`fvlib.interventions.patching.LevelEffect`).
 
     Returns ``{"split_level", "layer", "ratio", "row" (L,), "target_overlap", "donor_overlap",
     "baseline_overlap" (K,), "contexts"}``.
@@ -776,7 +777,7 @@ def patching_explorer(
 ) -> Explorer:
     """Split level ``m`` and layer ``l``: the key-patching heatmap (``(m, l)`` outlined), its
     row ``m`` for the model and the greedy theory policy, and the per-level effect of the patch
-    (:func:`fvlib.patching.patch_level_effect`).
+    (:func:`fvlib.interventions.patching.patch_level_effect`).
 
     Without ``model`` the greedy theory policy of depth ``n_layers`` (default ``K``) on a
     depth-4 tree is patched; with a trained ``model`` its keys are patched and the theory

@@ -23,13 +23,13 @@ def _never(*args, **kwargs):
 @pytest.fixture
 def guarded(monkeypatch):
     """The CLI with its expensive entry points replaced by :func:`_never`."""
-    import fvlib.patching
+    import fvlib.interventions
     import fvlib.theory
     import fvlib.training
 
     monkeypatch.setattr(cli, "_memory_limit", lambda device=None: MEMORY)
     for module, name in ((fvlib.theory, "theory_baselines"), (fvlib.training, "train"),
-                         (fvlib.training, "load_run"), (fvlib.patching, "key_patching_sweep")):
+                         (fvlib.training, "load_run"), (fvlib.interventions, "key_patching_sweep")):
         monkeypatch.setattr(module, name, _never)
 
 

@@ -19,8 +19,8 @@ from fvlib.course import (
     check_sufficient_statistic,
     ideal_patching_mask,
 )
-from fvlib.patching import patching_pairs, theory_patching_sweep
-from fvlib.theory import FiniteSampleChannel, channel_tau2, dp_value, greedy_value, run_greedy
+from fvlib.theory import (FiniteSampleChannel, channel_tau2, dp_value, greedy_value, patching_pairs, run_greedy,
+                          theory_patching_sweep)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 

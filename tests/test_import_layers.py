@@ -1,13 +1,13 @@
 """fvlib's imports: no cycle, and every module imports only from the layers below it.
 
 The layers are the ones documented in the docstrings of ``fvlib/__init__.py`` (the top-level
-modules), ``fvlib/theory/__init__.py``, ``fvlib/plots/__init__.py`` and ``fvlib/training/__init__.py``
-(their submodules): a
+modules) and of the packages in :data:`LAYERED` (their submodules): a
 literal block (after a line ending in ``::`` that speaks of layers) whose lines indented by four
 spaces name the modules of one layer, comma-separated, from the bottom up (text after two
 spaces, and lines indented further, describe the layer). Imports are read with ``ast`` from every
 module, including the ones inside functions (a local import hides a cycle, it does not remove
-it). Nothing is imported: the test reads the sources.
+it). Nothing is imported: the test reads the sources. No module imports another's private
+(underscore) name either.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def _layers(package: str) -> list[list[str]]:
     return layers
 
 
-LAYERED = ["fvlib", "fvlib.theory", "fvlib.plots", "fvlib.training"]
+LAYERED = ["fvlib", "fvlib.theory", "fvlib.training", "fvlib.interventions", "fvlib.plots"]
 
 
 def _unit(module: str, package: str) -> str | None:
@@ -113,7 +113,7 @@ def test_fvlib_has_no_import_cycle():
 
 def test_the_graph_sees_local_imports_and_submodules():
     # cli imports its subcommands inside functions; theory/__init__ imports every submodule
-    assert {"fvlib.theory", "fvlib.training", "fvlib.patching", "fvlib.reproduce"} <= GRAPH["fvlib.cli"]
+    assert {"fvlib.theory", "fvlib.training", "fvlib.interventions", "fvlib.reproduce"} <= GRAPH["fvlib.cli"]
     assert {"fvlib.theory.dp", "fvlib.theory.strategies", "fvlib.theory.baselines"} <= GRAPH["fvlib.theory"]
     assert "fvlib.theory.posteriors" in GRAPH["fvlib.theory.dp"]
 
@@ -158,3 +158,39 @@ def test_plots_computes_nothing():
             assert not bad, f"{name} imports {sorted(bad)}"
             theory = {d for d in deps if d == "fvlib.theory" or d.startswith("fvlib.theory.")}
             assert not theory, f"{name} imports {sorted(theory)}"
+
+
+def _private_imports(name: str, source: str | None = None) -> list[tuple[str, str]]:
+    """``(source module, name)`` of every underscore-prefixed name that module ``name`` (its file,
+    or ``source``) imports from another fvlib module (``from .x import _y``); a private *module*
+    (``fvlib._checks``) is fine, its public names are its interface."""
+    tree = ast.parse(source if source is not None else MODULES[name].read_text(), filename=name)
+    package = name if name in PACKAGES else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+            module = ".".join(base + ([node.module] if node.module else []))
+        else:
+            module = node.module or ""
+        if module != "fvlib" and not module.startswith("fvlib."):
+            continue
+        out += [(module, a.name) for a in node.names
+                if a.name.startswith("_") and f"{module}.{a.name}" not in MODULES]
+    return out
+
+
+def test_the_private_import_check_sees_private_names():
+    source = ("from ..training.loop import _train_run, TrainConfig\nfrom .._checks import check_int\nfrom .. import _checks\n"
+              "import numpy as _np\nfrom torch import _C\n\ndef f():\n    from ..hooks import _names_filter\n")
+    assert _private_imports("fvlib.interventions.fake", source) == [
+        ("fvlib.training.loop", "_train_run"), ("fvlib.hooks", "_names_filter")]
+
+
+def test_no_module_imports_a_private_name_of_another():
+    found = {(name, module, private) for name in MODULES for module, private in _private_imports(name)}
+    wrong = sorted(found)
+    assert not wrong, "private names imported across modules:\n" + "\n".join(
+        f"{name} imports {private} from {module}" for name, module, private in wrong)

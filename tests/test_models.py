@@ -6,11 +6,10 @@ import pytest
 import torch
 
 from fvlib import make_generator, make_prior, sample_task
+from fvlib.hooks import ActivationCache, hook_name
 from fvlib.models import (
-    ActivationCache,
     FVTransformer,
     ModelConfig,
-    hook_name,
     make_model,
     measure,
     model_a,
@@ -291,8 +290,8 @@ def test_hook_names_come_from_one_helper():
     layers = [hook_name(kind, l) for l in range(1, M + 1) for kind in kinds]
     assert model.hook_names() == layers + [hook_name("theta_hat"), hook_name("prediction")]
     assert hook_name("keys", 2) == "blocks.2.hook_keys" and hook_name("phi", "*") == "blocks.*.hook_phi"
-    for kind, layer in (("keys", 0), ("keys", None), ("theta_hat", 1), ("values", 1)):
-        with pytest.raises(ValueError, match=repr(kind if kind == "values" else layer)):
+    for kind, layer in (("keys", 0), ("keys", None), ("theta_hat", 1), ("nope", 1)):
+        with pytest.raises(ValueError, match=repr(kind if kind == "nope" else layer)):
             hook_name(kind, layer)
 
 

@@ -1,21 +1,19 @@
-"""Key patching, workspace transplant and probes (fvlib.patching)."""
+"""Key patching, workspace transplant and probes (fvlib.interventions, fvlib.theory.patching)."""
 
 import pytest
 import torch
 
 from fvlib import TreePrior, make_generator, make_prior
 from fvlib.models import make_model
-from fvlib.patching import (
-    donor_signs,
-    patch_level_effect,
+from fvlib.interventions import (
     key_patching_sweep,
-    theory_patching_sweep,
     level_overlap,
     patch_keys,
-    patching_pairs,
+    patch_level_effect,
     probe_workspace,
     transplant_workspace,
 )
+from fvlib.theory import donor_signs, patching_pairs, theory_patching_sweep
 from fvlib.training import TrainConfig, train
 
 K, N = 3, 64
@@ -226,8 +224,7 @@ def test_theory_sweep_of_a_direction_policy_generalises_greedy():
     import numpy as np
 
     from fvlib import TreePrior
-    from fvlib.patching import theory_patching_sweep
-    from fvlib.theory import GreedyRule
+    from fvlib.theory import GreedyRule, theory_patching_sweep
 
     tree = TreePrior(3, 0.5)
     ref = theory_patching_sweep(tree, 64, 0.0, n_layers=3, contexts=120, seed=2)

@@ -1,4 +1,4 @@
-"""The noise-free key-patching pattern and one heatmap row against N (fvlib.patching,
+"""The noise-free key-patching pattern and one heatmap row against N (fvlib.theory.patching,
 fvlib.plots.interventions): noisefree_patching_loss, sample_pair_statistics,
 theory_patching_row, plot_patching_row."""
 
@@ -12,7 +12,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from fvlib import TreePrior, make_generator  # noqa: E402
-from fvlib.patching import (  # noqa: E402
+from fvlib.theory import (  # noqa: E402
     PatchingRow,
     donor_signs,
     noisefree_patching_loss,

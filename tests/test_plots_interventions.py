@@ -1,4 +1,4 @@
-"""Patching ratios and summaries (fvlib.patching), heatmaps and transplant panels
+"""Patching ratios and summaries (fvlib.interventions), heatmaps and transplant panels
 (fvlib.plots.interventions), workspace projections (fvlib.experiments)."""
 
 import math
@@ -12,12 +12,10 @@ import torch  # noqa: E402
 
 from fvlib import TreePrior  # noqa: E402
 from fvlib.models import model_a  # noqa: E402
-from fvlib.patching import (  # noqa: E402
-    PatchingResult,
+from fvlib.interventions import (  # noqa: E402
     TransplantResult,
     patching_ratio,
     patching_summary,
-    theory_patching_sweep,
     transplant_workspace,
 )
 from fvlib.plots.interventions import (  # noqa: E402
@@ -25,6 +23,7 @@ from fvlib.plots.interventions import (  # noqa: E402
     plot_patching_pair,
     plot_transplant,
 )
+from fvlib.theory import PatchingResult, theory_patching_sweep  # noqa: E402
 
 
 def teardown_function():
@@ -88,7 +87,7 @@ def test_transplant_panels():
 def test_workspace_projections_and_probe_heatmap():
     from fvlib import make_generator, sample_task
     from fvlib.experiments import workspace_projections
-    from fvlib.patching import ProbeResult
+    from fvlib.interventions import ProbeResult
     from fvlib.plots.interventions import plot_probe_heatmap, plot_workspace_projections, prefix_index
 
     tree = TreePrior(3, 0.5)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fvlib import make_prior, sample_task, make_generator
-from fvlib.models import ActivationCache
+from fvlib.hooks import ActivationCache, hook_name
 from fvlib.training import TrainConfig, load_run, run_dir_for, train, evaluate, build_prior
 from fvlib.transformer import (
     ARRANGEMENTS,
@@ -19,7 +19,6 @@ from fvlib.transformer import (
     TransformerConfig,
     make_transformer,
     transformer_config,
-    transformer_hook_name,
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
@@ -133,7 +132,7 @@ def test_query_tokens_do_not_see_each_other(arrangement, batch, x_query):
 def test_the_context_reaches_the_queries_only_through_the_workspace(kind, batch, x_query):
     model = seeded(kind, "bottlenecked")
     other = sample_task(PRIOR, B, N, 0.1, make_generator(9))
-    names = [transformer_hook_name("workspace", l) for l in range(1, model.config.n_layers + 1)]
+    names = [hook_name("workspace", l) for l in range(1, model.config.n_layers + 1)]
     _, cache = model.run_with_cache(batch.x, batch.y, x_query, names_filter=names)
     hooks = [(name, lambda t, hook: cache[hook.name]) for name in names]
     mine = model(batch.x, batch.y, x_query)
@@ -143,7 +142,7 @@ def test_the_context_reaches_the_queries_only_through_the_workspace(kind, batch,
     transplanted = model.run_with_hooks(other.x, other.y, x_query, fwd_hooks=hooks)
     torch.testing.assert_close(transplanted, mine, rtol=1e-5, atol=1e-5)
     # and the workspace after layer l depends on the context only through phi_1..phi_l
-    phis = [transformer_hook_name("phi", l) for l in range(1, model.config.n_layers + 1)]
+    phis = [hook_name("phi", l) for l in range(1, model.config.n_layers + 1)]
     _, phi_cache = model.run_with_cache(batch.x, batch.y, x_query, names_filter=phis)
     hooks = [(name, lambda t, hook: phi_cache[hook.name]) for name in phis]
     torch.testing.assert_close(model.run_with_hooks(other.x, other.y, x_query, fwd_hooks=hooks), mine, rtol=1e-5, atol=1e-5)
@@ -172,7 +171,7 @@ def expected_shapes(model, T):
             "queries": (B, T, h), "keys": (B, T, h), "values": (B, T, d), "pattern": (B, T, T),
             "attn_out": (B, T, dm), "context": (B, N, dm), "query": (B, Q, dm),
         }
-    shapes = {transformer_hook_name(k, l): s for l in range(1, c.n_layers + 1) for k, s in per_layer.items()}
+    shapes = {hook_name(k, l): s for l in range(1, c.n_layers + 1) for k, s in per_layer.items()}
     shapes["hook_prediction"] = (B, Q)
     return shapes
 
@@ -188,7 +187,7 @@ def test_hook_names_and_cache_shapes(kind, arrangement, batch, x_query):
     assert {k: tuple(v.shape) for k, v in cache.items()} == expected
     torch.testing.assert_close(cache["hook_prediction"], prediction)
     for l in range(1, model.config.n_layers + 1):
-        pattern = cache[transformer_hook_name("pattern", l)]
+        pattern = cache[hook_name("pattern", l)]
         torch.testing.assert_close(pattern.sum(-1), torch.ones(pattern.shape[:-1]))
     if arrangement == "bottlenecked":  # phi is the pattern-weighted sum of the values
         phi = (cache["blocks.1.hook_pattern"] @ cache["blocks.1.hook_values"])[:, 0]
@@ -201,22 +200,23 @@ def test_hook_names_and_cache_shapes(kind, arrangement, batch, x_query):
 
 
 def test_hook_name_helper():
-    assert transformer_hook_name("workspace", 2) == "blocks.2.hook_workspace"
-    assert transformer_hook_name("pattern", "*") == "blocks.*.hook_pattern"
-    assert transformer_hook_name("prediction") == "hook_prediction"
-    with pytest.raises(ValueError, match="kind"):
-        transformer_hook_name("theta_hat", 1)
+    assert hook_name("workspace", 2) == "blocks.2.hook_workspace"
+    assert hook_name("pattern", "*") == "blocks.*.hook_pattern"
+    assert hook_name("prediction") == "hook_prediction"
+    with pytest.raises(ValueError, match="'nope'"):
+        hook_name("nope", 1)
+    assert hook_name("theta_hat") not in seeded("A", "bottlenecked").hook_names()  # constrained models only
     with pytest.raises(ValueError, match="layer"):
-        transformer_hook_name("keys", 0)
+        hook_name("keys", 0)
     with pytest.raises(ValueError, match="whole model"):
-        transformer_hook_name("prediction", 1)
+        hook_name("prediction", 1)
     assert set(TRANSFORMER_LAYER_HOOKS) >= {"queries", "keys", "values", "pattern", "attn_out"}
 
 
 def test_hooks_replace_and_clean_up(batch):
     model = seeded("A", "bottlenecked")
     base = model(batch)
-    name = transformer_hook_name("phi", 1)
+    name = hook_name("phi", 1)
     changed = model.run_with_hooks(batch, fwd_hooks=[(name, lambda t, hook: t + 1.0)])
     assert not torch.allclose(changed, base)
     torch.testing.assert_close(model(batch), base)  # removed after the call

@@ -1,4 +1,4 @@
-"""Interventions on the standard transformers (fvlib.transformer_patching): the linear part of
+"""Interventions on the standard transformers (fvlib.interventions): the linear part of
 the prediction, the function-vector transplant, probes, the state-patching analogue of key
 patching, and `patch --run` on transformer runs."""
 
@@ -10,18 +10,22 @@ import pytest
 import torch
 
 from fvlib import make_generator, make_prior
-from fvlib.patching import level_overlap, patching_pairs, probe_workspace
-from fvlib.training import TrainConfig, train
-from fvlib.transformer import make_transformer, transformer_hook_name
-from fvlib.transformer_patching import (
+from fvlib.hooks import hook_name
+from fvlib.interventions import (
     PROBE_QUERY_SEED_OFFSET,
-    _state_patcher,
+    EffectiveTheta,
     effective_theta,
+    level_overlap,
+    pair_patcher,
     probe_stream,
+    probe_workspace,
     state_patching_sweep,
-    stream_hook,
+    stream_hook_name,
     transplant_stream,
 )
+from fvlib.theory import patching_pairs
+from fvlib.training import TrainConfig, train
+from fvlib.transformer import make_transformer
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -40,6 +44,12 @@ def seeded(kind="A", arrangement="bottlenecked", seed=0):
 
 def pair(contexts=20, split_level=1, seed=0):
     return patching_pairs(TREE, contexts, split_level, N, 0.0, make_generator(seed))
+
+
+def state_patcher(model, queries, seed, kind="sent"):
+    """The state patch of every layer of ``model`` as a ``run_pair(target, donor)``."""
+    layers = range(1, model.config.n_layers + 1)
+    return pair_patcher(model, EffectiveTheta(model, queries=queries, seed=seed), kind, layers)
 
 
 def test_effective_theta_is_exact_for_a_linear_prediction():
@@ -62,10 +72,12 @@ def test_effective_theta_rejects_too_few_probe_queries():
 
 
 def test_stream_hook_names():
-    assert stream_hook(seeded(), 2) == "blocks.2.hook_workspace"
-    assert stream_hook(seeded(arrangement="open"), 3) == "blocks.3.hook_query"
+    assert stream_hook_name(seeded(), 2) == "blocks.2.hook_workspace"
+    assert stream_hook_name(seeded(arrangement="open"), 3) == "blocks.3.hook_query"
     with pytest.raises(ValueError, match="layer"):
-        stream_hook(seeded(), 4)
+        stream_hook_name(seeded(), 4)
+    with pytest.raises(ValueError, match="FVTransformer or StandardTransformer"):
+        stream_hook_name(object(), 1)
 
 
 def test_open_transplant_at_the_last_layer_predicts_the_donor():
@@ -104,7 +116,7 @@ def test_probe_stream_is_probe_workspace_for_the_bottlenecked_arrangement():
 def test_state_patch_with_the_target_as_donor_is_the_identity():
     model = seeded()
     target, _ = pair(contexts=15)
-    clean, patched, _, _ = _state_patcher(model, 8, 0)(target, target)
+    clean, patched, _, _ = state_patcher(model, 8, 0)(target, target)
     for theta in patched:
         torch.testing.assert_close(theta, clean)
 
@@ -128,11 +140,11 @@ def test_state_patch_recomputes_what_the_targets_tokens_send():
     model = seeded()
     target, donor = pair(contexts=10)
     # the layer-2 values differ from the target's own ones (the donor's state was read)
-    names = [transformer_hook_name("values", 2)]
+    names = [hook_name("values", 2)]
     _, own = model.run_with_cache(target, names_filter=names)
-    _, dcache = model.run_with_cache(donor, names_filter=[transformer_hook_name("workspace", 1)])
-    ws = dcache[transformer_hook_name("workspace", 1)]
-    with model.hooks([(transformer_hook_name("workspace", 1), lambda t, h: ws)]):
+    _, dcache = model.run_with_cache(donor, names_filter=[hook_name("workspace", 1)])
+    ws = dcache[hook_name("workspace", 1)]
+    with model.hooks([(hook_name("workspace", 1), lambda t, h: ws)]):
         _, hybrid = model.run_with_cache(target, names_filter=names)
     _, donor_own = model.run_with_cache(donor, names_filter=names)
     assert not torch.allclose(own[names[0]], hybrid[names[0]])
@@ -158,7 +170,7 @@ def test_cli_patch_on_a_bottlenecked_run(tmp_path):
 
 
 def test_attention_spread_of_uniform_and_of_peaked_attention():
-    from fvlib.transformer_patching import attention_spread
+    from fvlib.interventions import attention_spread
 
     model = seeded()
     for l in (1, 2, 3):
@@ -184,7 +196,7 @@ def test_plot_attention_spread_draws_one_panel_per_model():
     import matplotlib.pyplot as plt
 
     from fvlib.plots.transformers import plot_attention_spread
-    from fvlib.transformer_patching import attention_spread
+    from fvlib.interventions import attention_spread
 
     spreads = {"bottlenecked": attention_spread(seeded(), TREE, N, 0.0, contexts=10, n_show=2),
                "open": attention_spread(seeded(arrangement="open"), TREE, N, 0.0, contexts=10, n_show=2)}
@@ -201,7 +213,7 @@ def test_query_patch_is_the_identity_at_layer_one_and_acts_later():
     torch.testing.assert_close(result.loss[:, 0], result.baseline_by_level)
     assert (result.loss[:, 1:] - result.baseline_by_level[:, None]).abs().max() > 1e-3
     target, _ = pair(contexts=15)
-    clean, patched, _, _ = _state_patcher(model, 8, 0, "query")(target, target)
+    clean, patched, _, _ = state_patcher(model, 8, 0, "query")(target, target)
     for theta in patched:
         torch.testing.assert_close(theta, clean)
     with pytest.raises(ValueError, match="kind"):

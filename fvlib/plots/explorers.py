@@ -32,7 +32,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
-from ..patching import patching_ratio
+from ..interventions import patching_ratio
 from ..priors import TreePrior
 from .decay import plot_decay
 from .interventions import plot_patching_heatmap
@@ -153,7 +153,7 @@ def plot_patching_cell(sweeps: Mapping, effect, figure=None) -> Figure:
     Args:
         sweeps: ``{"model": PatchingResult, "theory": PatchingResult}`` or just the theory's
             (the heatmap is the model's when there is one).
-        effect: the :class:`fvlib.patching.LevelEffect` of the cell (its ``split_level`` and
+        effect: the :class:`fvlib.interventions.patching.LevelEffect` of the cell (its ``split_level`` and
             ``layer`` pick the cell).
     Returns the figure (three axes).
     """

@@ -1,9 +1,10 @@
 """Figures for causal interventions: key patching and workspace transplant (chapter 10,
 *Causal interventions*; the book's appendix *Conventions*, section "Donor, target and the split level").
 
-They draw the results of :mod:`fvlib.patching` (sweeps, transplants, probes, and the ratios
-and summaries of a sweep: :func:`fvlib.patching.patching_ratio`,
-:func:`fvlib.patching.patching_summary`) and of :mod:`fvlib.experiments`:
+They draw the results of :mod:`fvlib.interventions` and :mod:`fvlib.theory.patching` (sweeps,
+transplants, probes, and the ratios and summaries of a sweep:
+:func:`fvlib.interventions.patching.patching_ratio`,
+:func:`fvlib.interventions.patching.patching_summary`) and of :mod:`fvlib.experiments`:
 
 * :func:`plot_patching_heatmap` and :func:`plot_patching_pair` -- the model's and the theory's
   heatmaps side by side (rows: split level ``m = 1..K``; columns: patched layer ``l = 1..L``);
@@ -25,7 +26,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import LogNorm
 
-from ..patching import patching_ratio
+from ..interventions import patching_ratio
 from .style import OKABE_ITO, palette
 
 __all__ = [
@@ -184,7 +185,7 @@ def plot_workspace_projections(projections, signs, axes=None, seed: int = 0, siz
 
 
 def plot_probe_heatmap(result, ax=None, title: str | None = None, colorbar: bool = True):
-    """Probe accuracy ``(L, K)`` of a :class:`fvlib.patching.ProbeResult` as an annotated heatmap
+    """Probe accuracy ``(L, K)`` of a :class:`fvlib.interventions.probes.ProbeResult` as an annotated heatmap
     (rows: workspace ``Phi_l``; columns: tree level ``k``; 0.5 = chance). Returns the image."""
     if ax is None:
         _, ax = plt.subplots(figsize=(4.2, 3.4))
@@ -210,7 +211,7 @@ def plot_probe_heatmap(result, ax=None, title: str | None = None, colorbar: bool
 # One row of the theory heatmap against the context length
 # ----------------------------------------------------------------------------------------
 def plot_patching_row(row, ax=None, figsize=(6.4, 3.6)):
-    """Draw a :class:`fvlib.patching.PatchingRow`: the patched loss of the greedy theory at every
+    """Draw a :class:`fvlib.theory.patching.PatchingRow`: the patched loss of the greedy theory at every
     layer ``l > m`` against the context length ``N`` (log-log, error bars ``+-2`` s.e.), the
     unpatched loss of the same targets (grey; it goes to 0 as ``N`` grows, and its points below a
     tenth of the smallest patched loss are left out so the axis stays readable), and

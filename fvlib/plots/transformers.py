@@ -1,5 +1,5 @@
 """Figures of the chapter on standard transformers (chapter 11): how the attention over the
-context is spread (:func:`fvlib.transformer_patching.attention_spread`)."""
+context is spread (:func:`fvlib.interventions.attention.attention_spread`)."""
 
 from __future__ import annotations
 

@@ -14,9 +14,10 @@ Submodules, in layers from the bottom up; a submodule imports only from the laye
         dynamic programming over coordinate actions (re-measuring allowed, or not)
     predictors
         the strategies and policies as predictors with a model's signature, batch -> theta_hat
-    baselines
+    baselines, patching
         the table of all baselines (strategies, closed forms, the DP optimum): the CLI's
-        ``theory`` command
+        ``theory`` command; the theory of key patching (donor/target pairs, the sweep shared
+        with the models' interventions, the greedy policy patched, its noise-free pattern)
 
 Every public name of the submodules is importable from ``fvlib.theory``.
 """
@@ -61,6 +62,21 @@ from .dp import (
     policy_value,
 )
 from .fits import DecayFit, fit_decay
+from .patching import (
+    DEFAULT_CHUNK,
+    PatchingResult,
+    PatchingRow,
+    check_tree,
+    chunk_sizes,
+    donor_signs,
+    greedy_patcher,
+    noisefree_patching_loss,
+    patching_pairs,
+    run_patching_sweep,
+    sample_pair_statistics,
+    theory_patching_row,
+    theory_patching_sweep,
+)
 from .posteriors import (
     greedy_action,
     leaf_values_at,

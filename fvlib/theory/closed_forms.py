@@ -81,7 +81,7 @@ def _check_tau2(tau2) -> float:
     return check_number("tau2", tau2, 0)
 
 
-def _check_nodes(tree: TreePrior, nodes) -> torch.Tensor:
+def check_nodes(tree: TreePrior, nodes) -> torch.Tensor:
     """A 1-D LongTensor of distinct node ids in ``[0, D)`` (heap order)."""
     if isinstance(nodes, torch.Tensor):
         if nodes.dtype.is_floating_point or nodes.dtype.is_complex or nodes.dtype == torch.bool:
@@ -163,7 +163,7 @@ def noisefree_nodes_loss(tree: TreePrior, nodes) -> float:
     matrix (see the source of ``_nodes_losses``).
     """
     tree = _check_tree(tree)
-    t = _check_nodes(tree, nodes)
+    t = check_nodes(tree, nodes)
     return float(_nodes_losses(tree, t[None].numpy())[0])
 
 

@@ -1,5 +1,6 @@
-"""Causal interventions and probes on trained models, model side (chapter 10, *Causal
-interventions*; chapter 9, *Inside the model*, for the probes).
+"""The theory of key patching (chapter 10, *Causal interventions*): donor and target contexts,
+the sweep that scores a patch on every split level and layer, the greedy theory policy patched
+as the model is, its noise-free pattern and one heatmap row against the context length.
 
 Donor and target contexts share their inputs ``x_i`` (and query ``x_q``) but come from
 different leaves. The *split level* ``m`` (1..K) is the first level at which the two *paths*
@@ -8,32 +9,23 @@ visit different nodes: they share the nodes of levels ``0..m-1``; their signs ag
 the paths share every internal node and only the last sign (the leaf) differs. See the book's
 appendix *Conventions*, section "Donor, target and the split level".
 
-* :func:`key_patching_sweep` -- run the donor, cache its keys at layer ``l``, run the target
-  with those keys, measure the target's excess loss; sweep ``(m, l)`` into a heatmap
-  ``loss[m - 1, l - 1]``.
-* :func:`transplant_workspace` -- replace the target's whole workspace ``Phi_l`` by the
-  donor's and measure, level by level, whose ``theta`` the model now predicts.
-* :func:`probe_workspace` -- probes (linear or a small MLP) reading the path signs ``s_k``
-  from ``Phi_l``.
+* :func:`patching_pairs` -- the donor/target pairs (:func:`donor_signs` draws the donor's path);
+* :func:`run_patching_sweep` -- draws the pairs of every split level (seeded, chunked) and
+  scores a patcher on them into a :class:`PatchingResult`; the models' sweeps
+  (:mod:`fvlib.interventions`) and :func:`theory_patching_sweep` share it, so both see the
+  very same pairs;
+* :func:`theory_patching_sweep` -- the heatmap of the greedy theory policy (or any direction
+  policy): its "keys" at layer ``l`` are the node (direction) it measures there;
+* :func:`noisefree_patching_loss` -- without channel noise a later outcome reveals the skipped
+  sign, so a patch at ``l > m`` costs the greedy policy only ``alpha^(K-1) / 2^(K-l)``;
+* :func:`theory_patching_row` -- with noise the early patches can cost more: one row of the
+  heatmap against ``N`` (:class:`PatchingRow`), from :func:`sample_pair_statistics`.
 
 Conventions: layers ``l = 1..L`` (1-based, as in the hook names ``blocks.{l}``) are stored in
 column ``l - 1``; split levels ``m = 1..K`` in row ``m - 1``; tree levels ``k = 0..K-1`` as in
-:mod:`fvlib.priors`. In the ideal adaptive model layer ``l`` measures the path node at level
-``l - 1``; donor keys at layer ``l`` therefore route the target to its own node when
-``l <= m`` (no effect) and to a node off its path when ``l > m``. Without channel noise a later
-outcome reveals the skipped sign, so a patch at ``l > m`` costs the greedy policy only
-``alpha^(K-1) / 2^(K-l)`` (:func:`noisefree_patching_loss`), more for later patches; with noise
-the early patches can cost more (:func:`theory_patching_row` follows one row against ``N``).
-
-:func:`theory_patching_sweep` runs the same intervention on the greedy theory policy, on the
-very same donor/target pairs. :func:`patching_ratio` reads a heatmap as ratios to the
-unpatched loss of the same targets, and :func:`patching_summary` summarises it after, at and
-before the split.
-
-Every intervention takes its arguments in one order: the model (when one is patched), then the
-task ``tree, n_ctx, noise_std`` (and the theory policy's depth ``n_layers``), then, by keyword
-only, which patch (``split_level``, ``layer``, ``kind``) and the Monte Carlo controls
-(``contexts``, ``seed``, ``chunk``).
+:mod:`fvlib.priors`. Every sweep takes its arguments in one order: the task ``tree, n_ctx,
+noise_std`` (and the theory policy's depth ``n_layers``), then, by keyword only, which patch and
+the Monte Carlo controls (``contexts``, ``seed``, ``chunk``).
 """
 
 from __future__ import annotations
@@ -41,48 +33,50 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass, replace
 
-import numpy as np
 import torch
 
-from ._checks import check_int
-from .models import FVTransformer, hook_name
-from .priors import TreePrior
-from .stats import mean_and_stderr, squared_error
-from .task import TaskBatch, check_task_args, make_generator, sample_task
-from .theory import FiniteSampleChannel, OptimisedPolicy, channel_tau2, policy_rollout, run_greedy
+from .._checks import check_int
+from ..priors import TreePrior
+from ..stats import mean_and_stderr, squared_error
+from ..task import TaskBatch, check_task_args, make_generator, sample_task
+from .adaptive_opt import OptimisedPolicy, policy_rollout
+from .channel import FiniteSampleChannel
+from .closed_forms import channel_tau2
+from .strategies import run_greedy
 
 __all__ = [
-    "patching_pairs",
+    "DEFAULT_CHUNK",
+    "check_tree",
+    "chunk_sizes",
     "donor_signs",
-    "patch_keys",
+    "patching_pairs",
     "PatchingResult",
-    "key_patching_sweep",
+    "run_patching_sweep",
+    "greedy_patcher",
     "theory_patching_sweep",
-    "patching_ratio",
-    "patching_summary",
-    "TransplantResult",
-    "transplant_workspace",
-    "ProbeResult",
-    "probe_workspace",
-    "level_overlap",
-    "LevelEffect",
-    "patch_level_effect",
-    "fit_linear_probe",
-    "fit_mlp_probe",
-    "probe_accuracy",
+    "noisefree_patching_loss",
+    "sample_pair_statistics",
+    "PatchingRow",
+    "theory_patching_row",
 ]
 
-#: Contexts per forward pass in the sweeps (bounds memory: ``chunk * N * D`` floats).
+#: Contexts per forward pass in the sweeps (it bounds the memory, ``chunk * N * D`` floats).
 DEFAULT_CHUNK = 500
 
 
 # ----------------------------------------------------------------------------------------
 # Donor / target pairs
 # ----------------------------------------------------------------------------------------
-def _check_tree(tree) -> TreePrior:
+def check_tree(tree) -> TreePrior:
+    """``tree`` if it is a :class:`~fvlib.priors.TreePrior` (patching needs paths), else ``ValueError``."""
     if not isinstance(tree, TreePrior):
         raise ValueError(f"patching needs a TreePrior, got {tree!r}")
     return tree
+
+
+def chunk_sizes(total: int, chunk: int) -> list[int]:
+    """``total`` split into pieces of at most ``chunk`` (the contexts of one forward pass each)."""
+    return [min(chunk, total - start) for start in range(0, total, chunk)]
 
 
 def donor_signs(
@@ -109,7 +103,7 @@ def patching_pairs(
     ``split_level`` (see :func:`donor_signs`).
     Label noise is drawn independently for the two.
     """
-    _check_tree(tree)
+    check_tree(tree)
     check_int("n_pairs", n_pairs, 1)
     target = sample_task(tree, n_pairs, n_ctx, noise_std, generator)
     signs = donor_signs(tree, target.signs, split_level, generator)
@@ -120,34 +114,11 @@ def patching_pairs(
 
 
 # ----------------------------------------------------------------------------------------
-# Key patching
+# The sweep: every split level m and layer l on the same pairs
 # ----------------------------------------------------------------------------------------
-def _replace_with(tensor: torch.Tensor):
-    def hook(activation, hook_point):
-        return tensor
-
-    return hook
-
-
-def patch_keys(model: FVTransformer, target: TaskBatch, donor_keys: torch.Tensor, layer: int) -> torch.Tensor:
-    """``theta_hat (B, D)`` of the target run with its keys at ``layer`` (1-based) replaced by
-    ``donor_keys (B, N, d)``."""
-    name = hook_name("keys", model.block(layer).layer)
-    with model.hooks([(name, _replace_with(donor_keys))]):
-        return model.predict_theta(target)
-
-
 def _sq_error(theta_hat: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     """Per-context ``|theta_hat - theta|^2`` in float64 on the CPU, shape ``(B,)``."""
     return squared_error(theta_hat.double(), theta.double()).cpu()
-
-
-def _chunks(total: int, chunk: int) -> list[int]:
-    return [min(chunk, total - start) for start in range(0, total, chunk)]
-
-
-def _model_device(model: FVTransformer) -> torch.device:
-    return next(model.parameters()).device
 
 
 @dataclass
@@ -195,12 +166,12 @@ class PatchingResult:
         }
 
 
-def _run_sweep(tree, n_layers, n_ctx, noise_std, contexts, seed, chunk, run_pair) -> PatchingResult:
+def run_patching_sweep(tree, n_layers, n_ctx, noise_std, contexts, seed, chunk, run_pair) -> PatchingResult:
     """Draw ``contexts`` donor/target pairs per split level ``m = 1..K`` (seeded, chunked) and
     score ``run_pair(target, donor) -> (clean theta_hat, [patched theta_hat per layer], target,
-    donor)`` (see :func:`_model_patcher`, :func:`_theory_patcher`); shared by the model and
-    theory sweeps so both see the same pairs."""
-    _check_tree(tree)
+    donor)`` (:func:`greedy_patcher` here, :func:`fvlib.interventions.patching.pair_patcher` for
+    the models); shared by the model and theory sweeps so both see the same pairs."""
+    check_tree(tree)
     check_int("contexts", contexts, 1)
     K, L = tree.depth, n_layers
     generator = make_generator(seed)
@@ -208,7 +179,7 @@ def _run_sweep(tree, n_layers, n_ctx, noise_std, contexts, seed, chunk, run_pair
     target_err = [[[] for _ in range(L)] for _ in range(K)]
     donor_err = [[[] for _ in range(L)] for _ in range(K)]
     for row in range(K):
-        for size in _chunks(contexts, chunk):
+        for size in chunk_sizes(contexts, chunk):
             target, donor = patching_pairs(tree, size, row + 1, n_ctx, noise_std, generator)
             clean, patched, target, donor = run_pair(target, donor)
             baseline[row].append(_sq_error(clean, target.theta))
@@ -240,26 +211,6 @@ def _collect_sweep(baseline, target_err, donor_err, contexts: int) -> PatchingRe
     )
 
 
-@torch.no_grad()
-def key_patching_sweep(
-    model: FVTransformer,
-    tree: TreePrior,
-    n_ctx: int,
-    noise_std: float,
-    *,
-    contexts: int = 2000,
-    seed: int = 0,
-    chunk: int = DEFAULT_CHUNK,
-) -> PatchingResult:
-    """Patch donor keys into the target at every layer ``l`` for every split level ``m``.
-
-    ``contexts`` donor/target pairs per split level (the same pairs for every layer), drawn
-    with ``seed``. See :class:`PatchingResult` for the layout.
-    """
-    layers = range(1, model.config.n_layers + 1)
-    return _run_sweep(tree, model.config.n_layers, n_ctx, noise_std, contexts, seed, chunk, _model_patcher(model, layers))
-
-
 def theory_patching_sweep(
     tree: TreePrior,
     n_ctx: int,
@@ -277,8 +228,9 @@ def theory_patching_sweep(
     ``g_hat = (1/N) sum_i y_i x_i`` and decodes with the exact posterior. The donor's "keys" at
     layer ``l`` are the node it measures there; patching makes the target measure the donor's
     node at layer ``l`` (its own ``y_i`` are pooled), after which the target follows its own
-    greedy policy. Pairs are drawn exactly as in :func:`key_patching_sweep` with the same
-    ``seed``, so the two heatmaps compare the same contexts. ``n_layers`` is the policy's depth
+    greedy policy. Pairs are drawn exactly as in
+    :func:`fvlib.interventions.patching.key_patching_sweep` with the same ``seed``, so the two
+    heatmaps compare the same contexts. ``n_layers`` is the policy's depth
     (the model's ``L``).
 
     ``policy``: another direction policy instead of greedy, e.g. the optimised adaptive policy
@@ -291,29 +243,17 @@ def theory_patching_sweep(
     tau2 = channel_tau2(tree, n_ctx, noise_std)
     layers = range(1, n_layers + 1)
     if policy is None:
-        patcher = _theory_patcher(tree, n_layers, tau2, layers)
+        patcher = greedy_patcher(tree, n_layers, tau2, layers)
     else:
         patcher = _policy_patcher(tree, n_layers, tau2, layers, policy)
-    return _run_sweep(tree, n_layers, n_ctx, noise_std, contexts, seed, chunk, patcher)
+    return run_patching_sweep(tree, n_layers, n_ctx, noise_std, contexts, seed, chunk, patcher)
 
 
-def _model_patcher(model: FVTransformer, layers):
-    """``run_pair(target, donor) -> (clean theta_hat, [theta_hat with the donor's keys at layer l,
-    for l in layers], target, donor)``, the batches moved to the model's device."""
-    device = _model_device(model)
-
-    def run_pair(target, donor):
-        target, donor = target.to(device), donor.to(device)
-        _, donor_cache = model.run_with_cache(donor, names_filter=hook_name("keys", "*"))
-        patched = [patch_keys(model, target, donor_cache[hook_name("keys", l)], l) for l in layers]
-        return model.predict_theta(target), patched, target, donor
-
-    return run_pair
-
-
-def _theory_patcher(tree: TreePrior, n_layers: int, tau2: float, layers):
-    """The same for the greedy theory policy of depth ``n_layers``: "keys" at layer ``l`` are the
-    node measured there, so the target is forced to measure the donor's layer-``l`` node."""
+def greedy_patcher(tree: TreePrior, n_layers: int, tau2: float, layers):
+    """``run_pair(target, donor) -> (clean theta_hat, [patched theta_hat for l in layers], target,
+    donor)`` for :func:`run_patching_sweep`, for the greedy theory policy of depth ``n_layers``
+    (channel variance ``tau2``): "keys" at layer ``l`` are the node measured there, so the
+    target is forced to measure the donor's layer-``l`` node."""
 
     def run_pair(target, donor):
         target_chan = FiniteSampleChannel(target.to("cpu", torch.float64).sufficient_statistic())
@@ -349,349 +289,6 @@ def _policy_patcher(tree: TreePrior, n_layers: int, tau2: float, layers, policy)
 
 
 # ----------------------------------------------------------------------------------------
-# Reading a heatmap: ratios to the unpatched loss and their summary
-# ----------------------------------------------------------------------------------------
-def patching_ratio(result) -> np.ndarray:
-    """``(K, L)`` array ``loss[m-1, l-1] / baseline_by_level[m-1]``: the patched loss over the
-    unpatched loss of the very same targets (1 = the patch changes nothing on average)."""
-    loss = np.asarray(result.loss, dtype=float)
-    base = np.asarray(result.baseline_by_level, dtype=float)[:, None]
-    return loss / base
-
-
-def _masks(shape: tuple[int, int]) -> dict[str, np.ndarray]:
-    K, L = shape
-    m = np.arange(1, K + 1)[:, None] * np.ones((1, L))
-    l = np.ones((K, 1)) * np.arange(1, L + 1)[None, :]
-    return {"after": l > m, "at": l == m, "before": l < m, "not_after": l <= m}
-
-
-def patching_summary(result) -> dict[str, float]:
-    """Summary numbers of a patching heatmap.
-
-    Returns a dict with
-
-    * ``after``, ``at``, ``before``: the mean of :func:`patching_ratio` over the cells with
-      ``l > m``, ``l = m`` and ``l < m`` (``nan`` when there is no such cell);
-    * ``max_z_not_after``: the largest ``|loss - baseline_by_level| / stderr`` over the cells
-      with ``l <= m`` (how far from "no effect" the flat part is, in standard errors);
-    * ``max_rel_not_after``: the largest ``|ratio - 1|`` over the same cells.
-    """
-    ratio = patching_ratio(result)
-    masks = _masks(ratio.shape)
-    out = {k: float(ratio[masks[k]].mean()) if masks[k].any() else float("nan") for k in ("after", "at", "before")}
-    loss = np.asarray(result.loss, dtype=float)
-    se = np.asarray(result.stderr, dtype=float)
-    base = np.asarray(result.baseline_by_level, dtype=float)[:, None] * np.ones_like(loss)
-    sel = masks["not_after"]
-    diff = np.abs(loss - base)[sel]
-    z = np.where(diff == 0, 0.0, diff / np.maximum(se[sel], 1e-300))
-    out["max_z_not_after"] = float(z.max())
-    out["max_rel_not_after"] = float(np.abs(ratio[sel] - 1).max())
-    return out
-
-
-# ----------------------------------------------------------------------------------------
-# Workspace transplant
-# ----------------------------------------------------------------------------------------
-def level_overlap(tree: TreePrior, theta_hat: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
-    """Per level ``k``, the fraction of the path coefficient that ``theta_hat`` recovers:
-    ``theta_hat[n_k] s_k / alpha^(k/2)`` at the path node ``n_k`` of ``signs``.
-
-    ``theta_hat (B, D)``, ``signs (B, K)`` -> ``(B, K)``; 1 means that level of this path is
-    predicted exactly, 0 that the model puts nothing there.
-    """
-    nodes = tree.path_nodes(signs.cpu())
-    values = theta_hat.double().cpu().gather(-1, nodes)
-    return values * signs.cpu().double() / tree.level_scales
-
-
-@dataclass
-class TransplantResult:
-    """Whose ``theta`` the model predicts after the target's ``Phi_l`` is replaced by the donor's.
-
-    Attributes:
-        target_overlap: ``(L, K)``; row ``l - 1`` (workspace ``Phi_l`` transplanted), column
-            ``k``: mean :func:`level_overlap` of ``theta_hat`` with the target's path at level
-            ``k`` (1 = the model predicts the target there).
-        donor_overlap: ``(L, K)``, the same with the donor's path.
-        baseline_overlap: ``(K,)``, overlap of the unpatched prediction with the target.
-        split_level: where donor and target paths split (levels below it are shared, so
-            their overlaps coincide there).
-        n_contexts: pairs per cell.
-    """
-
-    target_overlap: torch.Tensor
-    donor_overlap: torch.Tensor
-    baseline_overlap: torch.Tensor
-    split_level: int
-    n_contexts: int
-
-    def to_dict(self) -> dict:
-        return {
-            "target_overlap": self.target_overlap.tolist(),
-            "donor_overlap": self.donor_overlap.tolist(),
-            "baseline_overlap": self.baseline_overlap.tolist(),
-            "split_level": self.split_level,
-            "n_contexts": self.n_contexts,
-        }
-
-
-@torch.no_grad()
-def transplant_workspace(
-    model: FVTransformer,
-    tree: TreePrior,
-    n_ctx: int,
-    noise_std: float,
-    *,
-    split_level: int = 1,
-    contexts: int = 2000,
-    seed: int = 0,
-    chunk: int = DEFAULT_CHUNK,
-) -> TransplantResult:
-    """Replace the target's workspace ``Phi_l`` (``blocks.{l}.hook_workspace``) by the donor's,
-    for every layer ``l``, and score the prediction against both paths level by level.
-
-    With the default ``split_level=1`` the two paths share only the root node (with opposite
-    signs), so each level's overlap says cleanly whose coefficient the model outputs.
-    """
-    _check_tree(tree)
-    check_int("contexts", contexts, 1)
-    L = model.config.n_layers
-    device = _model_device(model)
-    generator = make_generator(seed)
-    target_ov, donor_ov, base_ov = [[] for _ in range(L)], [[] for _ in range(L)], []
-    for size in _chunks(contexts, chunk):
-        target, donor = (
-            b.to(device) for b in patching_pairs(tree, size, split_level, n_ctx, noise_std, generator)
-        )
-        _, donor_cache = model.run_with_cache(donor, names_filter=hook_name("workspace", "*"))
-        base_ov.append(level_overlap(tree, model.predict_theta(target), target.signs))
-        for l in range(1, L + 1):
-            name = hook_name("workspace", l)
-            with model.hooks([(name, _replace_with(donor_cache[name]))]):
-                theta_hat = model.predict_theta(target)
-            target_ov[l - 1].append(level_overlap(tree, theta_hat, target.signs))
-            donor_ov[l - 1].append(level_overlap(tree, theta_hat, donor.signs))
-    return TransplantResult(
-        target_overlap=torch.stack([torch.cat(rows).mean(0) for rows in target_ov]),
-        donor_overlap=torch.stack([torch.cat(rows).mean(0) for rows in donor_ov]),
-        baseline_overlap=torch.cat(base_ov).mean(0),
-        split_level=split_level,
-        n_contexts=contexts,
-    )
-
-
-@dataclass
-class LevelEffect:
-    """What one key patch (split level ``m``, layer ``l``) does to each level of the prediction.
-
-    Attributes:
-        target: ``(K,)``, mean :func:`level_overlap` of the patched prediction with the
-            target's path at each tree level ``k`` (1 = the target's coefficient is recovered).
-        donor: ``(K,)``, the same with the donor's path.
-        baseline: ``(K,)``, the unpatched prediction's overlap with the target.
-        split_level, layer: the patch (``m = 1..K``, ``l = 1..L``).
-        n_contexts: donor/target pairs averaged over.
-    """
-
-    target: torch.Tensor
-    donor: torch.Tensor
-    baseline: torch.Tensor
-    split_level: int
-    layer: int
-    n_contexts: int
-
-
-@torch.no_grad()
-def patch_level_effect(
-    tree: TreePrior,
-    n_ctx: int,
-    noise_std: float,
-    *,
-    split_level: int,
-    layer: int,
-    model: FVTransformer | None = None,
-    n_layers: int | None = None,
-    contexts: int = 500,
-    seed: int = 0,
-) -> LevelEffect:
-    """Key-patch layer ``layer`` with donors that split off at ``split_level`` and score the
-    prediction level by level (one cell of the sweep, resolved by tree level).
-
-    With ``model`` the trained model is patched (as in :func:`key_patching_sweep`); without it
-    the greedy theory policy of depth ``n_layers`` (as in :func:`theory_patching_sweep`).
-    ``contexts`` pairs drawn with ``seed``.
-    """
-    _check_tree(tree)
-    check_int("contexts", contexts, 1)
-    depth = model.config.n_layers if model is not None else check_int("n_layers", n_layers, 1)
-    check_int("layer", layer, 1, depth)
-    run_pair = (
-        _model_patcher(model, [layer])
-        if model is not None
-        else _theory_patcher(tree, depth, channel_tau2(tree, n_ctx, noise_std), [layer])
-    )
-    pairs = patching_pairs(tree, contexts, split_level, n_ctx, noise_std, make_generator(seed))
-    clean, (patched,), target, donor = run_pair(*pairs)
-    return LevelEffect(
-        target=level_overlap(tree, patched, target.signs).mean(0),
-        donor=level_overlap(tree, patched, donor.signs).mean(0),
-        baseline=level_overlap(tree, clean, target.signs).mean(0),
-        split_level=split_level,
-        layer=layer,
-        n_contexts=contexts,
-    )
-
-
-# ----------------------------------------------------------------------------------------
-# Linear probes
-# ----------------------------------------------------------------------------------------
-def fit_linear_probe(features: torch.Tensor, labels: torch.Tensor, ridge: float = 1e-6) -> torch.Tensor:
-    """Least-squares probes with a bias: ``features (n, f)``, labels ``(n,)`` or ``(n, k)`` in
-    {-1, +1} -> weights ``(f + 1,)`` or ``(f + 1, k)`` (last row the bias); float64."""
-    X = torch.cat([features.double(), torch.ones(features.shape[0], 1, dtype=torch.float64)], dim=1)
-    gram = X.T @ X + ridge * X.shape[0] * torch.eye(X.shape[1], dtype=torch.float64)
-    return torch.linalg.solve(gram, X.T @ labels.double())
-
-
-def probe_accuracy(weights: torch.Tensor, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Fraction of ``labels`` (+-1, ``(n,)`` or ``(n, k)``) whose sign the probe gets right,
-    per column."""
-    scores = features.double() @ weights[:-1] + weights[-1]
-    return ((scores > 0) == (labels > 0)).double().mean(0)
-
-
-def fit_mlp_probe(
-    features: torch.Tensor, labels: torch.Tensor, hidden: int = 32, steps: int = 200, seed: int = 0
-) -> torch.nn.Module:
-    """Small nonlinear probe reading all ``k`` labels at once.
-
-    Standardised features ``(n, f)`` -> GELU MLP -> ``k`` scores, logistic loss against
-    labels ``(n, k)`` in {-1, +1}, full-batch Adam; deterministic for a given ``seed``.
-    Returns a module mapping features ``(n, f)`` to scores ``(n, k)`` (positive means +1).
-    """
-    features, labels = features.double(), labels.double().reshape(features.shape[0], -1)
-    mean, std = features.mean(0), features.std(0).clamp_min(1e-12)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        net = torch.nn.Sequential(
-            torch.nn.Linear(features.shape[1], hidden),
-            torch.nn.GELU(),
-            torch.nn.Linear(hidden, hidden),
-            torch.nn.GELU(),
-            torch.nn.Linear(hidden, labels.shape[1]),
-        ).double()
-    optimizer = torch.optim.Adam(net.parameters(), lr=1e-2)
-    inputs = (features - mean) / std
-    with torch.enable_grad():
-        for _ in range(steps):
-            loss = torch.nn.functional.softplus(-labels * net(inputs)).mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-    net.requires_grad_(False)
-    return torch.nn.Sequential(_Standardise(mean, std), net)
-
-
-class _Standardise(torch.nn.Module):
-    def __init__(self, mean: torch.Tensor, std: torch.Tensor):
-        super().__init__()
-        self.mean, self.std = mean, std
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (x.double() - self.mean) / self.std
-
-
-PROBE_KINDS = ("linear", "mlp")
-
-
-@dataclass
-class ProbeResult:
-    """Decodability of the path from the workspace.
-
-    Attributes:
-        accuracy: ``(L, K)``; row ``l - 1``, column ``k``: test accuracy of a probe reading the
-            sign ``s_k`` from ``Phi_l`` (0.5 = chance).
-        kind: ``'linear'`` (least squares) or ``'mlp'`` (small nonlinear probe).
-        n_train, n_test: contexts used to fit and to score the probes.
-    """
-
-    accuracy: torch.Tensor
-    kind: str
-    n_train: int
-    n_test: int
-
-    def to_dict(self) -> dict:
-        return {
-            "accuracy": self.accuracy.tolist(),
-            "kind": self.kind,
-            "n_train": self.n_train,
-            "n_test": self.n_test,
-        }
-
-
-def _probe_accuracies(kind: str, train_x, train_y, test_x, test_y, seed: int) -> torch.Tensor:
-    """Test accuracy per label column, ``(k,)``."""
-    if kind == "linear":
-        return probe_accuracy(fit_linear_probe(train_x, train_y), test_x, test_y)
-    probe = fit_mlp_probe(train_x, train_y, seed=seed)
-    return ((probe(test_x) > 0) == (test_y > 0)).double().mean(0)
-
-
-@torch.no_grad()
-def probe_workspace(
-    model: FVTransformer,
-    tree: TreePrior,
-    n_ctx: int,
-    noise_std: float,
-    *,
-    kind: str = "linear",
-    contexts: int = 4000,
-    seed: int = 0,
-    test_fraction: float = 0.5,
-    chunk: int = DEFAULT_CHUNK,
-) -> ProbeResult:
-    """Fit probes ``Phi_l -> s_k`` on a train split and score them on a test split, for every
-    layer ``l`` and level ``k``.
-
-    ``kind='linear'``: closed-form least squares (with a bias) on the +-1 labels. A linear
-    probe only sees signs stored with a fixed orientation; a model may store finer levels
-    with a path-dependent orientation (measuring ``-e_n`` on one branch, ``+e_n`` on the
-    other), which ``kind='mlp'`` still reads: one small MLP per layer with ``K`` outputs,
-    see :func:`fit_mlp_probe`.
-    """
-    _check_tree(tree)
-    check_int("contexts", contexts, 1)
-    if kind not in PROBE_KINDS:
-        raise ValueError(f"kind must be one of {PROBE_KINDS}, got {kind!r}")
-    if not 0 < test_fraction < 1:
-        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
-    n_test = int(round(contexts * test_fraction))
-    n_train = contexts - n_test
-    if n_train < 2 or n_test < 1:
-        raise ValueError(f"contexts={contexts} is too few to split into train and test sets")
-    L, K = model.config.n_layers, tree.depth
-    device = _model_device(model)
-    generator = make_generator(seed)
-    workspaces, signs = [[] for _ in range(L)], []
-    for size in _chunks(contexts, chunk):
-        batch = sample_task(tree, size, n_ctx, noise_std, generator).to(device)
-        _, cache = model.run_with_cache(batch, names_filter=hook_name("workspace", "*"))
-        for l in range(1, L + 1):
-            workspaces[l - 1].append(cache[hook_name("workspace", l)].cpu())
-        signs.append(batch.signs.cpu())
-    labels = torch.cat(signs)
-    accuracy = torch.zeros(L, K, dtype=torch.float64)
-    for l in range(L):
-        features = torch.cat(workspaces[l])
-        accuracy[l] = _probe_accuracies(
-            kind, features[:n_train], labels[:n_train], features[n_train:], labels[n_train:], seed
-        )
-    return ProbeResult(accuracy=accuracy, kind=kind, n_train=n_train, n_test=n_test)
-
-
-# ----------------------------------------------------------------------------------------
 # The noise-free pattern and one heatmap row against the context length
 # ----------------------------------------------------------------------------------------
 
@@ -708,7 +305,7 @@ def noisefree_patching_loss(tree: TreePrior, split_level: int, n_layers: int) ->
     tie-break that does not depend on the unknown sign (fvlib's ``argmax`` takes the first).
     The chapter on causal interventions states and proves it (``prop-interventions-ideal``).
     """
-    _check_tree(tree)
+    check_tree(tree)
     K = tree.depth
     check_int("split_level", split_level, 1, K)
     check_int("n_layers", n_layers, 1)
@@ -882,7 +479,7 @@ def theory_patching_row(
     forced at each layer ``l``, exactly as in :func:`theory_patching_sweep` (whose pairs it
     does not reproduce: the random streams differ).
     """
-    _check_tree(tree)
+    check_tree(tree)
     check_int("contexts", contexts, 1)
     check_int("n_layers", n_layers, 1)
     values = _check_n_ctx_values(n_ctx_values)
@@ -919,5 +516,3 @@ def theory_patching_row(
         n_contexts=contexts,
     )
 
-
-__all__ += ["noisefree_patching_loss", "sample_pair_statistics", "PatchingRow", "theory_patching_row"]

@@ -1,0 +1,56 @@
+"""Causal interventions and probes on trained models (chapter 9, *Inside the model*; chapter 10,
+*Causal interventions*; chapter 11, *Standard transformers*), written once for both model
+families and specialised by a read-out of ``theta_hat`` (``predict_theta`` for the constrained
+models, ``effective_theta`` for the standard transformers). The donor/target pairs, the sweep
+they share with the theory and the theory's side of key patching are :mod:`fvlib.theory.patching`.
+
+Submodules, in layers from the bottom up; a submodule imports only from the layers below it
+(``tests/test_import_layers.py`` checks this)::
+
+    readout
+        one read-out per model family, the stream a transplant replaces and a probe reads,
+        the level-by-level overlap of a prediction with a path
+    attention, patching, probes, transplant
+        attention spread; key patching and state patching (sweeps, one cell by level, ratios
+        and summaries of a heatmap); probes; the function-vector transplant
+
+Every public name of the submodules is importable from ``fvlib.interventions``.
+"""
+
+from .attention import AttentionSpread, attention_spread
+from .patching import (
+    STATE_PATCH_KINDS,
+    LevelEffect,
+    key_patching_sweep,
+    pair_patcher,
+    patch_keys,
+    patch_level_effect,
+    patching_ratio,
+    patching_summary,
+    patching_sweep,
+    state_patching_sweep,
+)
+from .probes import (
+    PROBE_KINDS,
+    ProbeResult,
+    fit_linear_probe,
+    fit_mlp_probe,
+    probe_accuracy,
+    probe_stream,
+    probe_workspace,
+    run_probes,
+)
+from .readout import (
+    PROBE_QUERY_SEED_OFFSET,
+    EffectiveTheta,
+    PredictTheta,
+    Readout,
+    effective_theta,
+    level_overlap,
+    model_device,
+    stream_hook_name,
+    workspace_hook_name,
+)
+from .transplant import TransplantResult, run_transplant, transplant_stream, transplant_workspace
+
+__all__ = [name for name in dir() if not name.startswith("_")]

@@ -1,0 +1,269 @@
+"""Key patching on the trained models (chapter 10, *Causal interventions*) and its analogue on
+the standard transformers, state patching (chapter 11, *Standard transformers*): one sweep,
+:func:`patching_sweep`, specialised by a read-out (:mod:`fvlib.interventions.readout`).
+
+* :func:`key_patching_sweep` -- run the donor, cache its keys at layer ``l``, run the target
+  with those keys, measure the target's excess loss; sweep ``(m, l)`` into a heatmap
+  ``loss[m - 1, l - 1]`` (a :class:`~fvlib.theory.patching.PatchingResult`, on the pairs of
+  :func:`fvlib.theory.patching.theory_patching_sweep` with the same ``seed``).
+* :func:`state_patching_sweep` -- the key-patching analogue on a standard transformer,
+  bottlenecked arrangement only. What context token ``i`` sends at layer ``l`` is its key
+  ``k_i`` and its rank-``d`` value ``v_i``, both functions of its stream, i.e. of its own
+  ``(x_i, y_i)`` and of the states ``phi_1..phi_{l-1}`` it has read from the workspace. The
+  patch (``kind="sent"``) recomputes them with the target's own tokens (its labels kept) but the
+  *donor's* workspace read at layers ``1..l-1``, and lets the target's workspace pool those at
+  layer ``l``; everything else is the target's. In the constrained models the keys are exactly
+  "what a token sends as a function of the state" (its labels enter only through the pooling),
+  so this is key patching with the state made explicit; at ``l = 1`` there is no state yet and
+  the patch is the identity. The open arrangement has no separate state (context tokens read
+  each other), so it has no such analogue and the sweep raises ``ValueError``.
+  ``kind="query"`` patches the other side of the pooling: the workspace's query at layer
+  ``l`` (``blocks.{l}.hook_queries``), the donor's.
+* :func:`patch_level_effect` -- one cell of the sweep, resolved by tree level.
+* :func:`patching_ratio`, :func:`patching_summary` -- a heatmap read as ratios to the
+  unpatched loss of the same targets, summarised after, at and before the split.
+
+Conventions: layers ``l = 1..L`` in column ``l - 1``, split levels ``m = 1..K`` in row ``m - 1``
+(:mod:`fvlib.theory.patching`). In the ideal adaptive model layer ``l`` measures the path node
+at level ``l - 1``; donor keys at layer ``l`` therefore route the target to its own node when
+``l <= m`` (no effect) and to a node off its path when ``l > m``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import torch
+
+from .._checks import check_int
+from ..hooks import HookedModel, hook_name, replace_with
+from ..models import FVTransformer
+from ..priors import TreePrior
+from ..task import TaskBatch, make_generator
+from ..theory import (
+    DEFAULT_CHUNK,
+    PatchingResult,
+    channel_tau2,
+    check_tree,
+    greedy_patcher,
+    patching_pairs,
+    run_patching_sweep,
+)
+from .readout import EffectiveTheta, PredictTheta, Readout, level_overlap
+
+__all__ = [
+    "STATE_PATCH_KINDS",
+    "patch_keys",
+    "pair_patcher",
+    "patching_sweep",
+    "key_patching_sweep",
+    "state_patching_sweep",
+    "patching_ratio",
+    "patching_summary",
+    "LevelEffect",
+    "patch_level_effect",
+]
+
+#: What :func:`state_patching_sweep` patches at layer ``l``: what the context tokens send
+#: (``"sent"``: keys and values) or what the workspace asks (``"query"``: its pooling query).
+STATE_PATCH_KINDS = EffectiveTheta.patch_kinds
+
+#: The donor activations each kind of patch reads (one hook kind, at every layer).
+_DONOR_KIND = {"keys": "keys", "query": "queries", "sent": "workspace"}
+
+
+def patch_keys(model: FVTransformer, target: TaskBatch, donor_keys: torch.Tensor, layer: int) -> torch.Tensor:
+    """``theta_hat (B, D)`` of the target run with its keys at ``layer`` (1-based) replaced by
+    ``donor_keys (B, N, d)``."""
+    name = hook_name("keys", model.block(layer).layer)
+    with model.hooks([(name, replace_with(donor_keys))]):
+        return model.predict_theta(target)
+
+
+def _patch_hooks(model: HookedModel, kind: str, layer: int, target: TaskBatch, donor_cache, device) -> list:
+    """The hooks of the patch ``kind`` at ``layer``: the donor's activation (``"keys"``,
+    ``"query"``), or what the target's tokens send having read the donor's state (``"sent"``)."""
+    if kind != "sent":
+        name = hook_name(_DONOR_KIND[kind], layer)
+        return [(name, replace_with(donor_cache[name]))]
+    sent = [hook_name("keys", layer), hook_name("values", layer)]
+    workspace = [hook_name("workspace", j) for j in range(1, layer)]
+    with model.hooks([(name, replace_with(donor_cache[name])) for name in workspace]):
+        _, hybrid = model.run_with_cache(target.to(device), names_filter=sent)
+    return [(name, replace_with(hybrid[name])) for name in sent]
+
+
+def pair_patcher(model: HookedModel, read: Readout, kind: str, layers):
+    """``run_pair(target, donor) -> (clean theta_hat, [theta_hat with the patch ``kind`` at layer
+    l, for l in layers], target, donor)`` for :func:`fvlib.theory.patching.run_patching_sweep`;
+    ``read`` reads ``theta_hat`` (:class:`~fvlib.interventions.readout.PredictTheta` or
+    :class:`~fvlib.interventions.readout.EffectiveTheta`) and places the batches."""
+    donor_names = [hook_name(_DONOR_KIND[kind], l) for l in range(1, model.config.n_layers + 1)]
+
+    def run_pair(target, donor):
+        target, donor = read.batch(target), read.batch(donor)
+        read.draw(target)
+        _, donor_cache = model.run_with_cache(donor.to(read.device), names_filter=donor_names)
+        patched = [read(target, _patch_hooks(model, kind, l, target, donor_cache, read.device)) for l in layers]
+        return read(target), patched, target, donor
+
+    return run_pair
+
+
+@torch.no_grad()
+def patching_sweep(
+    model: HookedModel,
+    tree: TreePrior,
+    n_ctx: int,
+    noise_std: float,
+    *,
+    readout: type[Readout],
+    kind: str,
+    contexts: int = 2000,
+    queries: int | None = None,
+    seed: int = 0,
+    chunk: int = DEFAULT_CHUNK,
+) -> PatchingResult:
+    """Patch the donor's ``kind`` into the target at every layer ``l`` for every split level ``m``,
+    read through ``readout``: ``loss[m - 1, l - 1]`` is ``E|theta_hat - theta_target|^2``.
+
+    ``contexts`` donor/target pairs per split level (the same pairs for every layer, and those of
+    :func:`fvlib.theory.patching.theory_patching_sweep` with the same ``seed``); ``queries``
+    probe queries per context for :class:`~fvlib.interventions.readout.EffectiveTheta`.
+    ``kind`` is one of the read-out's ``patch_kinds``: ``"keys"`` (the constrained models),
+    ``"sent"`` or ``"query"`` (the bottlenecked standard transformers; module docs). Used as
+    :func:`key_patching_sweep` and :func:`state_patching_sweep`.
+    """
+    read = readout(model, queries=queries, seed=seed)
+    if kind not in read.patch_kinds:
+        raise ValueError(f"kind must be one of {read.patch_kinds}, got {kind!r}")
+    if kind in STATE_PATCH_KINDS and model.config.arrangement != "bottlenecked":
+        raise ValueError(
+            "state patching needs the bottlenecked arrangement (its context tokens read a separate "
+            f"workspace state); got arrangement {model.config.arrangement!r}"
+        )
+    L = model.config.n_layers
+    run_pair = pair_patcher(model, read, kind, range(1, L + 1))
+    return run_patching_sweep(tree, L, n_ctx, noise_std, contexts, seed, chunk, run_pair)
+
+
+key_patching_sweep = partial(patching_sweep, readout=PredictTheta, kind="keys")
+key_patching_sweep.__doc__ = """Key patching of a constrained model (:func:`patching_sweep` with
+:class:`~fvlib.interventions.readout.PredictTheta`): its keys at layer ``l`` come from a donor
+whose path splits off at level ``m``."""
+state_patching_sweep = partial(patching_sweep, readout=EffectiveTheta, kind="sent")
+state_patching_sweep.__doc__ = """State patching of a bottlenecked standard transformer
+(:func:`patching_sweep` with :class:`~fvlib.interventions.readout.EffectiveTheta`, module docs):
+``kind="sent"`` (default) or ``"query"``, ``theta_eff`` from ``queries`` probe queries (32)."""
+
+
+# ----------------------------------------------------------------------------------------
+# Reading a heatmap: ratios to the unpatched loss and their summary
+# ----------------------------------------------------------------------------------------
+def patching_ratio(result) -> np.ndarray:
+    """``(K, L)`` array ``loss[m-1, l-1] / baseline_by_level[m-1]``: the patched loss over the
+    unpatched loss of the very same targets (1 = the patch changes nothing on average)."""
+    loss = np.asarray(result.loss, dtype=float)
+    base = np.asarray(result.baseline_by_level, dtype=float)[:, None]
+    return loss / base
+
+
+def _masks(shape: tuple[int, int]) -> dict[str, np.ndarray]:
+    K, L = shape
+    m = np.arange(1, K + 1)[:, None] * np.ones((1, L))
+    l = np.ones((K, 1)) * np.arange(1, L + 1)[None, :]
+    return {"after": l > m, "at": l == m, "before": l < m, "not_after": l <= m}
+
+
+def patching_summary(result) -> dict[str, float]:
+    """Summary numbers of a patching heatmap.
+
+    Returns a dict with
+
+    * ``after``, ``at``, ``before``: the mean of :func:`patching_ratio` over the cells with
+      ``l > m``, ``l = m`` and ``l < m`` (``nan`` when there is no such cell);
+    * ``max_z_not_after``: the largest ``|loss - baseline_by_level| / stderr`` over the cells
+      with ``l <= m`` (how far from "no effect" the flat part is, in standard errors);
+    * ``max_rel_not_after``: the largest ``|ratio - 1|`` over the same cells.
+    """
+    ratio = patching_ratio(result)
+    masks = _masks(ratio.shape)
+    out = {k: float(ratio[masks[k]].mean()) if masks[k].any() else float("nan") for k in ("after", "at", "before")}
+    loss = np.asarray(result.loss, dtype=float)
+    se = np.asarray(result.stderr, dtype=float)
+    base = np.asarray(result.baseline_by_level, dtype=float)[:, None] * np.ones_like(loss)
+    sel = masks["not_after"]
+    diff = np.abs(loss - base)[sel]
+    z = np.where(diff == 0, 0.0, diff / np.maximum(se[sel], 1e-300))
+    out["max_z_not_after"] = float(z.max())
+    out["max_rel_not_after"] = float(np.abs(ratio[sel] - 1).max())
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# One cell, level by level
+# ----------------------------------------------------------------------------------------
+@dataclass
+class LevelEffect:
+    """What one key patch (split level ``m``, layer ``l``) does to each level of the prediction.
+
+    Attributes:
+        target: ``(K,)``, mean :func:`~fvlib.interventions.readout.level_overlap` of the patched
+            prediction with the target's path at each tree level ``k`` (1 = the target's
+            coefficient is recovered).
+        donor: ``(K,)``, the same with the donor's path.
+        baseline: ``(K,)``, the unpatched prediction's overlap with the target.
+        split_level, layer: the patch (``m = 1..K``, ``l = 1..L``).
+        n_contexts: donor/target pairs averaged over.
+    """
+
+    target: torch.Tensor
+    donor: torch.Tensor
+    baseline: torch.Tensor
+    split_level: int
+    layer: int
+    n_contexts: int
+
+
+@torch.no_grad()
+def patch_level_effect(
+    tree: TreePrior,
+    n_ctx: int,
+    noise_std: float,
+    *,
+    split_level: int,
+    layer: int,
+    model: FVTransformer | None = None,
+    n_layers: int | None = None,
+    contexts: int = 500,
+    seed: int = 0,
+) -> LevelEffect:
+    """Key-patch layer ``layer`` with donors that split off at ``split_level`` and score the
+    prediction level by level (one cell of the sweep, resolved by tree level).
+
+    With ``model`` the trained model is patched (as in :func:`key_patching_sweep`); without it
+    the greedy theory policy of depth ``n_layers`` (as in :func:`fvlib.theory.patching.theory_patching_sweep`).
+    ``contexts`` pairs drawn with ``seed``.
+    """
+    check_tree(tree)
+    check_int("contexts", contexts, 1)
+    depth = model.config.n_layers if model is not None else check_int("n_layers", n_layers, 1)
+    check_int("layer", layer, 1, depth)
+    run_pair = (
+        pair_patcher(model, PredictTheta(model), "keys", [layer])
+        if model is not None
+        else greedy_patcher(tree, depth, channel_tau2(tree, n_ctx, noise_std), [layer])
+    )
+    pairs = patching_pairs(tree, contexts, split_level, n_ctx, noise_std, make_generator(seed))
+    clean, (patched,), target, donor = run_pair(*pairs)
+    return LevelEffect(
+        target=level_overlap(tree, patched, target.signs).mean(0),
+        donor=level_overlap(tree, patched, donor.signs).mean(0),
+        baseline=level_overlap(tree, clean, target.signs).mean(0),
+        split_level=split_level,
+        layer=layer,
+        n_contexts=contexts,
+    )
+
