@@ -175,10 +175,28 @@ def test_shared_runs_keep_their_directories():
     assert shared_configs(lr=1e-2)[("A", "tree")].lr == 1e-2           # overrides still win
 
 
-def test_stacks_split_by_warmup():
-    from fvlib.training.batched import _stack_key
+#: Another valid value of every TrainConfig field (TINY warm-starts its router).
+OTHER = dict(model="B", prior="gaussian-twin", depth=4, alpha=0.6, n_ctx=16, noise_std=0.2, budget=2, steps=50,
+             batch=16, lr=2e-3, warmup=0.1, queries=4, expected_loss=True, alpha_start=0.8, alpha_ramp=0.5,
+             width=8, hidden_layers=1, router_warm_start=5, router_lr_scale=0.5, seed=3, data_seed=2, eval_every=5,
+             eval_contexts=32, checkpoint_every=7, device="auto", arch="transformer")
 
-    assert _stack_key(TINY) != _stack_key(dataclasses.replace(TINY, warmup=0.1))
+
+def test_stacks_split_by_every_field_but_the_free_ones():
+    from fvlib.training import TrainConfig
+    from fvlib.training.batched import STACK_FREE_FIELDS, _stack_key
+
+    assert set(OTHER) == {f.name for f in dataclasses.fields(TrainConfig)}
+    cold = dataclasses.replace(TINY, router_warm_start=0)   # no warm start, sampled loss
+    for name, value in OTHER.items():
+        base = TINY if name == "router_warm_start" else cold  # 20 -> 5 steps: still warm-started
+        changed = dataclasses.replace(base, **{name: value})
+        same = _stack_key(changed) == _stack_key(base)
+        assert same == (name in STACK_FREE_FIELDS | {"noise_std", "router_lr_scale"}), name
+    # noise_std splits with the expected loss, router_lr_scale with a warm start
+    expected = dataclasses.replace(cold, expected_loss=True)
+    assert _stack_key(dataclasses.replace(expected, noise_std=0.2)) != _stack_key(expected)
+    assert _stack_key(dataclasses.replace(TINY, router_lr_scale=0.5)) != _stack_key(TINY)
 
 
 def test_configs_without_data_seed_still_load():

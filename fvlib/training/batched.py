@@ -6,12 +6,13 @@ and take each Adam step together, as one ``torch.func.vmap`` of the model's own 
 (``functional_call``) over the stacked parameters. Contexts are sampled once per step for
 all models that would see the same ones alone.
 
-* **Grouping.** Configs that train the same architecture (``TrainConfig.model_config()``:
-  kind, budget, ``D``, width) on the same device, with the same ``lr``, ``warmup``, ``steps``, ``batch``,
-  ``n_ctx``, ``queries``, ``expected_loss`` (and with it ``noise_std``) and router learning rate
-  (``router_lr_scale`` where the router is warm-started), and that stand at the same step, form one stack; seeds, data
-  seeds, priors, ``alpha``, ``noise_std`` and the evaluation and checkpoint periods may
-  differ. Other configs form other stacks, trained in the same loop; nothing is rejected.
+* **Grouping.** Configs equal in every field but those of :data:`STACK_FREE_FIELDS` (seeds,
+  data seeds, priors, ``alpha`` and its curriculum, the evaluation and checkpoint periods, the
+  warm start's length), on the same device and standing at the same step, form one stack;
+  ``noise_std`` may differ too unless ``expected_loss`` (which adds ``sigma^2``), and
+  ``router_lr_scale`` where the router is not warm-started. A field added to
+  :class:`~fvlib.training.config.TrainConfig` later must be equal. Other configs form other
+  stacks, trained in the same loop; nothing is rejected.
 * **Contexts.** Each model draws its contexts from its own generator, seeded exactly as in
   ``train`` (``config.effective_data_seed``). Models whose contexts coincide (the same data
   seed and the same prior, ``n_ctx``, ``noise_std``, ``batch``, ``queries``) share one draw:
@@ -66,16 +67,28 @@ from .loop import (
     set_learning_rate,
 )
 
-__all__ = ["train_many"]
+__all__ = ["train_many", "STACK_FREE_FIELDS"]
+
+
+#: The config fields that may differ between the runs of one stack (each run draws its own
+#: contexts and keeps its own evaluation and checkpoints); every other field, including any
+#: field added later, must be equal.
+STACK_FREE_FIELDS = frozenset({"seed", "data_seed", "prior", "alpha", "alpha_start", "alpha_ramp", "eval_every",
+                               "eval_contexts", "checkpoint_every", "router_warm_start", "device"})
 
 
 def _stack_key(config: TrainConfig) -> tuple:
-    """What configs must share to be trained in one stack (besides their current step)."""
-    device = resolve_device(config.device)
-    router_lr = config.router_lr_scale if config.warm_starts else None  # the parameter groups' learning rates
-    return (config.model_config(), str(device), config.lr, config.warmup, config.steps, config.batch, config.n_ctx,
-            config.queries, router_lr, config.expected_loss,
-            config.noise_std if config.expected_loss else None)  # the expected loss adds sigma^2
+    """What configs must share to be trained in one stack (besides their current step): every
+    field but :data:`STACK_FREE_FIELDS`, the resolved device and the architecture; ``noise_std``
+    only with the expected loss (which adds ``sigma^2``), ``router_lr_scale`` only where the
+    router is warm-started (the parameter groups' learning rates)."""
+    free = set(STACK_FREE_FIELDS)
+    if not config.expected_loss:
+        free.add("noise_std")
+    if not config.warm_starts:
+        free.add("router_lr_scale")
+    shared = tuple(sorted((k, v) for k, v in config.to_dict().items() if k not in free))
+    return (config.model_config(), str(resolve_device(config.device)), shared)
 
 
 def _data_key(run: TrainingRun) -> tuple:
