@@ -81,8 +81,12 @@ def _check_tau2(tau2) -> float:
     return check_number("tau2", tau2, 0)
 
 
-def _check_nodes(tree: TreePrior, nodes) -> torch.Tensor:
-    """A 1-D LongTensor of distinct node ids in ``[0, D)`` (heap order)."""
+def check_nodes(tree: TreePrior, nodes) -> torch.Tensor:
+    """``nodes`` (node ids of ``tree``) as a 1-D LongTensor of distinct ids in ``[0, D)`` (heap order).
+
+    Raises:
+        ValueError: ``nodes`` not integer ids, not distinct, or outside ``[0, D)``.
+    """
     if isinstance(nodes, torch.Tensor):
         if nodes.dtype.is_floating_point or nodes.dtype.is_complex or nodes.dtype == torch.bool:
             raise ValueError(f"nodes must hold integer node ids, got dtype {nodes.dtype}")
@@ -163,7 +167,7 @@ def noisefree_nodes_loss(tree: TreePrior, nodes) -> float:
     matrix (see the source of ``_nodes_losses``).
     """
     tree = _check_tree(tree)
-    t = _check_nodes(tree, nodes)
+    t = check_nodes(tree, nodes)
     return float(_nodes_losses(tree, t[None].numpy())[0])
 
 

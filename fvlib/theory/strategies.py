@@ -25,7 +25,7 @@ from ..stats import mean_and_stderr, squared_error
 from .adaptive_opt import OptimisedPolicy, optimise_adaptive_policy
 from .channel import FiniteSampleChannel, GaussianChannel, sample_statistic
 from .decoders import fit_radial_decoder
-from .closed_forms import _check_nodes, best_fixed_nodes, channel_tau2, gaussian_posterior_cov
+from .closed_forms import best_fixed_nodes, check_nodes, channel_tau2, gaussian_posterior_cov
 from .posteriors import (
     greedy_action,
     log_likelihood_directions,
@@ -322,7 +322,7 @@ def evaluate_strategies(
     check_int("samples", samples, 1)
     check_seed("seed", seed)
     if nodes is not None:
-        nodes = _check_nodes(tree, nodes)
+        nodes = check_nodes(tree, nodes)
         if nodes.numel() != budget:
             raise ValueError(f"nodes must hold budget = {budget} node ids, got {nodes.numel()}")
     elif "nonadaptive_best_coord" in strategies:
