@@ -3,7 +3,7 @@
 
 They draw the results of :mod:`fvlib.patching` (sweeps, transplants, probes, and the ratios
 and summaries of a sweep: :func:`fvlib.patching.patching_ratio`,
-:func:`fvlib.patching.patching_summary`) and of :mod:`fvlib.experiments`:
+:func:`fvlib.patching.patching_summary`) and of :mod:`fvlib.analysis`:
 
 * :func:`plot_patching_heatmap` and :func:`plot_patching_pair` -- the model's and the theory's
   heatmaps side by side (rows: split level ``m = 1..K``; columns: patched layer ``l = 1..L``);
@@ -13,7 +13,7 @@ and summaries of a sweep: :func:`fvlib.patching.patching_ratio`,
 
 Also the figures of the chapter on the inside of the model:
 :func:`plot_workspace_projections` (PCA of ``Phi_l`` coloured by path prefix, from
-:func:`fvlib.experiments.workspace_projections`) and :func:`plot_probe_heatmap` (probe
+:func:`fvlib.analysis.workspace_projections`) and :func:`plot_probe_heatmap` (probe
 accuracy per layer and level).
 
 Colours: the viridis-like ``cividis`` map and the Okabe-Ito palette (colour-blind safe).
