@@ -123,7 +123,8 @@ def prior_live(depth: int, alpha: float, seed: int) -> LiveSpec:
 # ----------------------------------------------------------------------------------------
 # Strategy explorer (chapter 6)
 # ----------------------------------------------------------------------------------------
-#: The strategies the strategy explorer compares (labels and colours: :mod:`fvlib.plots.explorers`).
+#: The strategies the strategy explorer compares (their labels and colours are those of
+#: :mod:`fvlib.plots.explorers`).
 EXPLORER_STRATEGIES = ("adaptive_greedy", "nonadaptive_coord", "lmmse")
 
 
@@ -147,10 +148,10 @@ def strategy_state(depth: int, budget: int, alpha: float, n_ctx: int, noise_std:
             "stderr": {k: v.tolist() for k, v in sweep.stderr.items()}, "final": final}
 
 
-#: The static page's grid of the strategy explorer: each point is a Monte Carlo sweep over all
+#: The static page's grid of the strategy explorer. Each point is a Monte Carlo sweep over all
 #: budgets (about 0.7 s of one CPU core at depth 6 with 1000 contexts, most of it at N = 512),
-#: so alpha, N and sigma are coarser than the widget's sliders: 27 sweeps, about 20 s of one core
-#: (benchmarks/bench_live.py).
+#: so alpha, N and sigma are coarser than the widget's sliders (27 sweeps, about 20 s of one
+#: core; benchmarks/bench_live.py).
 STRATEGY_GRID = {"alpha": (0.25, 0.5, 1.0), "n_ctx": (32, 128, 512), "noise_std": (0.0, 0.5, 1.0)}
 
 
