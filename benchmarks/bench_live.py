@@ -4,7 +4,7 @@ not a test).
     python benchmarks/bench_live.py
 
 For each explorer at the settings of its chapter, prints the number of states of the grid that
-its HTML view embeds in the static page (:mod:`fvlib.live`), the wall and CPU seconds to
+its HTML view embeds in the static page (:mod:`fvlib.explorers.live`), the wall and CPU seconds to
 compute them (one thread) and the size of the embedded JSON. The training and patching grids
 use the chapters' shared runs in book/.fvlib_runs (trained if missing, which takes minutes).
 """
@@ -16,8 +16,9 @@ from pathlib import Path
 
 import torch
 
-from fvlib import TreePrior, widgets
-from fvlib.live import grid_states
+from fvlib import TreePrior
+from fvlib.explorers import widgets
+from fvlib.explorers.live import grid_states
 
 
 def measure(name: str, explorer) -> None:
@@ -33,7 +34,7 @@ def measure(name: str, explorer) -> None:
 def main():
     torch.set_num_threads(1)
     os.chdir(Path(__file__).resolve().parents[1] / "book")  # the chapters' run directory
-    from fvlib.experiments import shared_configs
+    from fvlib.catalogue import shared_configs
     from fvlib.interventions import key_patching_sweep
     from fvlib.theory import theory_patching_sweep
     from fvlib.training import TrainConfig, run_dir_for, train

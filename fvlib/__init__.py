@@ -19,14 +19,17 @@ imports only from the layers below it (``tests/test_import_layers.py`` checks th
                               checkpoints, evaluation beside theory, the imitation warm start
     interventions             key and state patching, the function-vector transplant, probes,
                               attention spread: written once, read out per model family
-    experiments, reproduce    the chapters' experiment drivers (training runs, Monte Carlo
-                              sweeps, hooked model runs); the CLI's reproduce command
+    catalogue, analysis, reproduce
+                              the book's runs (shared runs, seeds, the depth sweep, the runs
+                              trained ahead of the chapters) and the loops that train them; the
+                              chapters' analyses (Monte Carlo sweeps, inside trained models, the
+                              gap to the adaptive references); the CLI's reproduce command
     store                     the book's long experiments as named, resumable jobs, stored in
                               results/NAME.json with provenance, and their verification
     plots                     the book's figures, drawn from results (they compute nothing)
-    live                      the explorers in the static book: states on a grid of control
-                              values, embedded as JSON and drawn by _static/fvlib-live.js
-    widgets                   the interactive explorers (ipywidgets) and their compute functions
+    explorers                 the explorers: their states and the grids of control values
+                              embedded in the static book (no widget library), and the
+                              interactive explorers (ipywidgets)
     cli, course               the command line; the checks of the course's problem sets
     __main__                  ``python -m fvlib``
 
@@ -41,7 +44,7 @@ from .task import TaskBatch, make_generator, sample_task  # noqa: E402
 
 # The heavier layers are imported on first use: ``fvlib.theory``, ``fvlib.models``,
 # ``fvlib.transformer``, ``fvlib.training``, ``fvlib.interventions``,
-# ``fvlib.experiments``, ``fvlib.plots``.
+# ``fvlib.catalogue``, ``fvlib.analysis``, ``fvlib.plots``, ``fvlib.explorers``.
 
 __all__ = [
     "__version__",

@@ -26,7 +26,7 @@ transformers at ``K = 4``. Each is an :class:`Experiment` of :data:`EXPERIMENTS`
   stored beside the runs (Monte Carlo on ``THEORY_SAMPLES`` finite-``N`` contexts). Every tree
   run also carries its ratio to the greedy policy on its own evaluation contexts (paired,
   :func:`fvlib.stats.paired_ratio`); the runs of model A on the tree at the reference
-  configuration carry chapter 8's gap table (:func:`fvlib.experiments.gap_table`).
+  configuration carry chapter 8's gap table (:func:`fvlib.analysis.gap_table`).
 * **Verification.** :func:`verify` retrains the cheapest stored runs from their stored configs
   and compares their final losses with the stored ones within the tolerance the file states
   (:data:`TOLERANCE_RULE`).
@@ -52,7 +52,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .experiments import gap_table, greedy_paired
+from .analysis import gap_table, greedy_paired
 from .priors import TreePrior
 from .theory.fits import fit_decay
 from .theory import channel_tau2, evaluate_strategies, noisefree_adaptive_loss, noisefree_nodes_loss, best_fixed_nodes
@@ -142,7 +142,7 @@ class Experiment:
         items: tuples of :class:`Run`; the runs of one item are trained by one
             :func:`fvlib.training.batched.train_many` call.
         theory: ``() -> dict`` of JSON-able reference values of the configuration.
-        gap_variants: variants whose tree runs get :func:`fvlib.experiments.gap_table`.
+        gap_variants: variants whose tree runs get :func:`fvlib.analysis.gap_table`.
         max_doublings: how many times a run that has not converged is retrained with twice the
             steps (:data:`MAX_DOUBLINGS`; ``0`` for an experiment that compares at a fixed
             number of steps).
@@ -787,10 +787,10 @@ def provenance_line(data: dict) -> str:
 
 
 def depth_sweep_of(data: dict, variants: Sequence[str], prior: str = "tree"):
-    """A stored depth sweep as a :class:`fvlib.experiments.DepthSweep` (keys: the variants),
+    """A stored depth sweep as a :class:`fvlib.catalogue.DepthSweep` (keys: the variants),
     for :func:`fvlib.plots.training.plot_depth_sweep`; only budgets stored for every seed of
     every variant are kept, seeds in increasing order."""
-    from .experiments import DepthSweep
+    from .catalogue import DepthSweep
 
     rows = {(r["variant"], r["budget"]): r for r in summarise(data) if r["prior"] == prior}
     budgets = sorted({b for (v, b) in rows if v in variants})

@@ -331,8 +331,8 @@ def test_explorers_are_static_figures_with_a_note(doc):
     html_file = HTML / f"{doc}.html"
     if not html_file.exists():
         _unavailable(f"{html_file} is missing: run `make book` first")
-    from fvlib.live import embedded_specs
-    from fvlib.widgets import LIVE_NOTE
+    from fvlib.explorers.live import embedded_specs
+    from fvlib.explorers.widgets import LIVE_NOTE
 
     page = html_file.read_text(encoding="utf-8")
     assert "application/vnd.jupyter.widget-view+json" not in page, f"{doc}: a live widget view in static HTML"
@@ -435,7 +435,7 @@ def test_explorers_are_live_in_the_page(doc, server, browser):
     """Headless Chromium moves every control of every explorer on the page: the drawing changes
     to the recorded state (its drawn numbers are that state's), nothing is requested outside
     the site and nothing is logged as an error. Screenshots at 1280 px and 390 px."""
-    from fvlib.live import embedded_specs
+    from fvlib.explorers.live import embedded_specs
 
     html_file = HTML / f"{doc}.html"
     if not html_file.exists():

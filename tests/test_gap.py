@@ -9,7 +9,7 @@ import torch
 
 from fvlib import TreePrior, make_generator, sample_task
 from fvlib.cli import GAP_ROWS, main
-from fvlib.experiments import gap_table, router_bayes_decode, router_directions, router_policy_alignment
+from fvlib.analysis import gap_table, router_bayes_decode, router_directions, router_policy_alignment
 from fvlib.theory.adaptive_opt import FixedRows, GreedyRule
 from fvlib.models import FVTransformer, model_a, model_config
 from fvlib.training import TrainConfig, load_run, train
@@ -199,13 +199,13 @@ def test_gap_without_json_is_a_short_table(runs, capsys):
 
 
 def test_gap_json_holds_null_not_nan(runs, capsys, monkeypatch):
-    import fvlib.experiments as experiments
+    import fvlib.analysis as analysis
 
     def with_a_nan(*args, **kwargs):
         table = gap_table(*args, **kwargs)
         return {**table, "router_bayes": (table["router_bayes"][0], math.nan)}
 
-    monkeypatch.setattr(experiments, "gap_table", with_a_nan)
+    monkeypatch.setattr(analysis, "gap_table", with_a_nan)
     code, out, err = _gap(capsys, "--run", str(runs / "A"), "--contexts", "100", "--json")
     assert code == 0, err
 
@@ -240,7 +240,7 @@ def test_gap_of_a_missing_run_is_one_line(tmp_path, capsys):
 
 
 def test_greedy_paired_is_on_the_evaluate_contexts():
-    from fvlib.experiments import greedy_paired
+    from fvlib.analysis import greedy_paired
     from fvlib.stats import paired_ratio
     from fvlib.training import evaluate
     tree, model, _ = _model_and_batch(budget=2)

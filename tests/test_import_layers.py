@@ -6,8 +6,9 @@ literal block (after a line ending in ``::`` that speaks of layers) whose lines 
 spaces name the modules of one layer, comma-separated, from the bottom up (text after two
 spaces, and lines indented further, describe the layer). Imports are read with ``ast`` from every
 module, including the ones inside functions (a local import hides a cycle, it does not remove
-it). Nothing is imported: the test reads the sources. No module imports another's private
-(underscore) name either.
+it). Nothing is imported: the test reads the sources. The same reading checks that the explorers'
+states and grids import no widget library, even through other fvlib modules, and that no
+module imports another module's private (underscore) name.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def _layers(package: str) -> list[list[str]]:
     return layers
 
 
-LAYERED = ["fvlib", "fvlib.theory", "fvlib.training", "fvlib.interventions", "fvlib.plots"]
+LAYERED = ["fvlib", "fvlib.theory", "fvlib.training", "fvlib.interventions", "fvlib.plots", "fvlib.explorers"]
 
 
 def _unit(module: str, package: str) -> str | None:
@@ -151,7 +152,7 @@ def test_every_module_imports_only_from_layers_below_it(package):
 
 def test_plots_computes_nothing():
     """fvlib.plots draws results: it imports no training, sampling or Monte Carlo layer."""
-    computing = {"fvlib.training", "fvlib.task", "fvlib.experiments", "fvlib.models"}
+    computing = {"fvlib.training", "fvlib.task", "fvlib.catalogue", "fvlib.analysis", "fvlib.models"}
     for name, deps in GRAPH.items():
         if name == "fvlib.plots" or name.startswith("fvlib.plots."):
             bad = {d for d in deps if d in computing or d.startswith("fvlib.training.")}
@@ -194,3 +195,48 @@ def test_no_module_imports_a_private_name_of_another():
     wrong = sorted(found)
     assert not wrong, "private names imported across modules:\n" + "\n".join(
         f"{name} imports {private} from {module}" for name, module, private in wrong)
+
+
+def _external_imports(name: str) -> set[str]:
+    """The modules outside fvlib that module ``name`` imports anywhere in its source, as written
+    (``ipywidgets``, ``tqdm.notebook``, ...)."""
+    tree = ast.parse(MODULES[name].read_text(), filename=str(MODULES[name]))
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module)
+    return {m for m in out if m != "fvlib" and not m.startswith("fvlib.")}
+
+
+def _reachable(name: str) -> set[str]:
+    """``name`` and every fvlib module importing it imports, directly or not (with the packages
+    above each: importing ``fvlib.plots.style`` runs ``fvlib/plots/__init__.py`` first)."""
+    seen, todo = set(), [name]
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        parents = [".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)]
+        todo += [m for m in (*GRAPH[module], *parents) if m in MODULES]
+    return seen
+
+
+WIDGET_LIBRARIES = ("ipywidgets", "tqdm.notebook")  # tqdm.notebook imports ipywidgets
+
+
+@pytest.mark.parametrize("module", ["fvlib.explorers.states", "fvlib.explorers.live"])
+def test_explorer_states_import_no_widget_library(module):
+    """Computing an explorer's state (in a test, in the static book's build) needs no ipywidgets."""
+    found = sorted(f"{m} imports {lib}" for m in _reachable(module) for lib in _external_imports(m)
+                   if any(lib == w or lib.startswith(w + ".") for w in WIDGET_LIBRARIES))
+    assert not found, f"{module} reaches a widget library: " + "; ".join(found)
+
+
+def test_the_widget_check_sees_widget_libraries():
+    assert "ipywidgets" in _external_imports("fvlib.explorers.widgets")
+    # the states reach the layers they compute with, and the packages above them
+    assert {"fvlib.analysis", "fvlib.explorers.live", "fvlib.plots", "fvlib.plots.explorers",
+            "fvlib.training"} <= _reachable("fvlib.explorers.states")

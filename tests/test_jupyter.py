@@ -1,7 +1,7 @@
 """`make book` leaves a working JupyterLab: ``.venv/bin/jupyter lab --no-browser`` starts, serves
 its page, opens a chapter through the contents API, runs code in a kernel for it and saves
 notebooks without live-widget views (scripts/jupyter_server_config.py); and the
-README's list of explorers is the list of :mod:`fvlib.widgets`."""
+README's list of explorers is the list of :mod:`fvlib.explorers.widgets`."""
 
 import importlib.util
 import json
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import fvlib
-from fvlib import widgets
+from fvlib.explorers import widgets
 
 ROOT = Path(__file__).resolve().parent.parent
 JUPYTER = Path(sys.executable).parent / "jupyter"
@@ -165,7 +165,7 @@ def test_jupyter_lab_starts_and_opens_a_chapter(tmp_path):
 
 
 def test_readme_lists_every_explorer_with_its_chapter():
-    """The README's "Explorers" line names each explorer of fvlib.widgets and the chapter that
+    """The README's "Explorers" line names each explorer of fvlib.explorers.widgets and the chapter that
     shows it, and that chapter does call it."""
     readme = (ROOT / "README.md").read_text()
     line = " ".join(re.search(r"- \*\*Explorers:\*\*(.*?)\n- ", readme, flags=re.S).group(1).split())

@@ -1,4 +1,4 @@
-"""fvlib.live and the explorers' live grids: the page shows the numbers the widget shows.
+"""fvlib.explorers.live and the explorers' live grids: the page shows the numbers the widget shows.
 
 Two kinds of check. On explorer outputs (always run): the grid embedded in an explorer's HTML
 view is compared, at sampled grid points, with what the ipywidgets explorer computes after its
@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from fvlib import TreePrior, live, widgets
+from fvlib import TreePrior
+from fvlib.explorers import live, states, widgets
 from fvlib.plots.training import theory_label
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +47,7 @@ def _close(embedded, computed, digits=4, path="state"):
 
 
 # ---------------------------------------------------------------------------------------
-# fvlib.live
+# fvlib.explorers.live
 # ---------------------------------------------------------------------------------------
 def test_control_default_must_be_a_value():
     with pytest.raises(ValueError, match="0.3"):
@@ -142,7 +143,7 @@ def test_html_view_is_static_unless_live(monkeypatch):
 def test_prior_grid_matches_the_widget():
     explorer = widgets.prior_explorer(depth=4, alpha=0.5, seed=0)
     (data,) = live.embedded_specs(explorer.static_html(live=True))
-    grid = widgets.PRIOR_GRID
+    grid = states.PRIOR_GRID
     assert len(data["states"]) == len(grid["depth"]) * len(grid["alpha"]) * len(grid["seed"])
     for key in _sample_keys(data, 6) + ["4|0.5|0"]:
         _set(explorer, _values_of(key, data))
@@ -151,7 +152,7 @@ def test_prior_grid_matches_the_widget():
 
 
 def test_strategy_grid_matches_the_widget_at_every_budget(monkeypatch):
-    monkeypatch.setattr(widgets, "STRATEGY_GRID", {"alpha": (0.5, 1.0), "n_ctx": (32,), "noise_std": (0.0, 1.0)})
+    monkeypatch.setattr(states, "STRATEGY_GRID", {"alpha": (0.5, 1.0), "n_ctx": (32,), "noise_std": (0.0, 1.0)})
     explorer = widgets.strategy_explorer(depth=3, budget=3, alpha=0.5, n_ctx=32, samples=100)
     (data,) = live.embedded_specs(explorer.static_html(live=True))
     assert set(data["states"]) == {"0.5|32|0", "0.5|32|1", "1|32|0", "1|32|1"}
@@ -161,7 +162,7 @@ def test_strategy_grid_matches_the_widget_at_every_budget(monkeypatch):
         _set(explorer, _values_of(key, data) | {"budget": m})
         state = data["states"][key]
         # the page shows the first m budgets of the embedded curves: the widget's own numbers
-        for name in widgets.EXPLORER_STRATEGIES:
+        for name in states.EXPLORER_STRATEGIES:
             _close(state["mean"][name][:m], explorer.summary["mean"][name], data["digits"], key)
             _close(state["stderr"][name][:m], explorer.summary["stderr"][name], data["digits"], key)
         _close(state["tau2"], explorer.summary["tau2"], data["digits"])
@@ -246,7 +247,7 @@ def _spec(kind):
 def test_built_prior_explorer_recomputes():
     _, data = _spec("prior")
     for key in _sample_keys(data, 5, seed=1):
-        _close(data["states"][key], widgets.prior_state(**_values_of(key, data)), data["digits"], key)
+        _close(data["states"][key], states.prior_state(**_values_of(key, data)), data["digits"], key)
 
 
 def test_built_strategy_explorer_recomputes():
@@ -258,14 +259,14 @@ def test_built_strategy_explorer_recomputes():
     for key in keys:
         state = data["states"][key]
         m = budgets[len(budgets) // 2]
-        computed = widgets.strategy_state(shared["depth"], m, **_values_of(key, data), samples=state["samples"],
+        computed = states.strategy_state(shared["depth"], m, **_values_of(key, data), samples=state["samples"],
                                           seed=shared["seed"])
         for name in shared["strategies"]:
             _close(state["mean"][name][:m], computed["mean"][name], data["digits"], key)
 
 
 def test_built_training_explorer_is_the_recorded_runs():
-    from fvlib.experiments import shared_configs
+    from fvlib.catalogue import shared_configs
     from fvlib.training import load_history, run_dir_for, theory_reference
 
     _, data = _spec("training")
@@ -284,7 +285,7 @@ def test_built_training_explorer_is_the_recorded_runs():
 def test_dp_policy_grid_matches_the_widget():
     explorer = widgets.dp_policy_explorer(tau=0.6)
     (data,) = live.embedded_specs(explorer.static_html(live=True))
-    from fvlib.experiments import DP_POLICY_GRID
+    from fvlib.explorers.states import DP_POLICY_GRID
 
     assert len(data["states"]) == len(DP_POLICY_GRID["tau"])
     for key in ["0.6"] + _sample_keys(data, 2, seed=3):
@@ -295,7 +296,7 @@ def test_dp_policy_grid_matches_the_widget():
 def test_layer_split_grid_matches_the_widget():
     explorer = widgets.layer_split_explorer(budget=6, layers=2, alpha=0.5)
     (data,) = live.embedded_specs(explorer.static_html(live=True))
-    from fvlib.experiments import LAYER_SPLIT_GRID
+    from fvlib.explorers.states import LAYER_SPLIT_GRID
 
     pairs = [(m, n) for m in LAYER_SPLIT_GRID["budget"] for n in LAYER_SPLIT_GRID["layers"] if n <= m]
     assert len(data["states"]) == len(pairs) * len(LAYER_SPLIT_GRID["alpha"])  # never more layers than budget

@@ -1,4 +1,4 @@
-"""Decay sweeps (fvlib.experiments), fits on semilog / log-log panels and the advantage heatmap
+"""Decay sweeps (fvlib.analysis), fits on semilog / log-log panels and the advantage heatmap
 (fvlib.plots.decay)."""
 
 import math
@@ -11,7 +11,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from fvlib import TreePrior  # noqa: E402
-from fvlib.experiments import advantage_sweep, closed_form_curves, decay_sweep  # noqa: E402
+from fvlib.analysis import advantage_sweep, closed_form_curves, decay_sweep  # noqa: E402
 from fvlib.plots.decay import (  # noqa: E402
     plot_advantage_heatmap,
     plot_decay,

@@ -1,4 +1,4 @@
-"""Shared configs and depth sweeps (fvlib.experiments), finite-N twin loss and posterior
+"""Shared configs and depth sweeps (fvlib.catalogue), finite-N twin loss and posterior
 covariances (fvlib.theory), and the training figures (fvlib.plots.training)."""
 
 import matplotlib
@@ -10,7 +10,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from fvlib import GaussianPrior, TreePrior  # noqa: E402
-from fvlib.experiments import DepthSweep, depth_sweep, depth_sweep_theory, shared_configs, train_all  # noqa: E402
+from fvlib.analysis import depth_sweep_theory  # noqa: E402
+from fvlib.catalogue import DepthSweep, depth_sweep, shared_configs, train_all  # noqa: E402
 from fvlib.plots.training import (  # noqa: E402
     plot_covariance_heatmaps,
     plot_depth_sweep,
@@ -120,7 +121,7 @@ TINY_SWEEP = dict(depth=2, alpha=0.5, n_ctx=16, steps=4, batch=8, queries=4, wid
 
 
 def test_seed_configs_keep_the_data_and_the_own_seed_run():
-    from fvlib.experiments import seed_configs
+    from fvlib.catalogue import seed_configs
 
     base = TrainConfig(budget=2, **TINY_SWEEP)
     cfgs = seed_configs(base, [0, 1, 2])
@@ -132,14 +133,14 @@ def test_seed_configs_keep_the_data_and_the_own_seed_run():
 @pytest.mark.parametrize("seeds, message", [([], "non-empty"), ([0, 0], "distinct"), ([-1], "seed"),
                                              ("01", "non-empty")])
 def test_seed_configs_reject_bad_seeds(seeds, message):
-    from fvlib.experiments import seed_configs
+    from fvlib.catalogue import seed_configs
 
     with pytest.raises(ValueError, match=message):
         seed_configs(TrainConfig(budget=2, **TINY_SWEEP), seeds)
 
 
 def test_train_seeds_trains_the_own_seed_alone_and_the_others_batched(tmp_path, monkeypatch):
-    from fvlib.experiments import final_losses, train_seeds
+    from fvlib.catalogue import final_losses, train_seeds
 
     monkeypatch.setenv("FVLIB_RUN_ROOT", str(tmp_path))
     configs = {"a": TrainConfig(budget=2, **TINY_SWEEP), "b": TrainConfig(model="B", budget=2, **TINY_SWEEP)}
@@ -158,7 +159,7 @@ def test_train_seeds_alone_names_the_own_seed_runs_trained_alone(tmp_path, monke
     """Keys left out of ``alone`` train their own seed in the batched call (with the other
     seeds, one stack): the run of that call, within float rounding of the run trained alone."""
     from fvlib.training.batched import train_many
-    from fvlib.experiments import seed_configs, train_seeds
+    from fvlib.catalogue import seed_configs, train_seeds
     from fvlib.training import train
 
     monkeypatch.setenv("FVLIB_RUN_ROOT", str(tmp_path))

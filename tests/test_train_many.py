@@ -8,7 +8,7 @@ import torch
 from safetensors import safe_open
 
 from conftest import TINY, same_parameters, strip_times
-from fvlib.experiments import shared_configs
+from fvlib.catalogue import shared_configs
 from fvlib.training import (EVAL_SEED_OFFSET, ORIGINAL_RECIPE, RunDirError, TrainConfig, build_prior, evaluate,
                             load_run, run_dir_for, train, train_many)
 
@@ -257,7 +257,7 @@ def test_threads_are_set_for_the_loop_and_restored(monkeypatch):
 def test_train_parallel_gives_the_runs_train_gives(tmp_path):
     """Runs trained in worker processes are bitwise the runs train gives on one thread, in
     the run_dir_for directories; a second call loads them; bad jobs name the value."""
-    from fvlib.experiments import train_parallel
+    from fvlib.catalogue import train_parallel
 
     configs = [dataclasses.replace(TINY, steps=12, seed=s, model=m) for s, m in ((0, "A"), (1, "B"))]
     losses = train_parallel(configs, jobs=2, root=tmp_path / "par")
@@ -276,7 +276,7 @@ def test_train_parallel_gives_the_runs_train_gives(tmp_path):
 
 def test_train_parallel_trains_a_batch_as_train_many_does(tmp_path):
     """A list item is one train_many call on one thread, in the run_dir_for directories."""
-    from fvlib.experiments import train_parallel
+    from fvlib.catalogue import train_parallel
 
     batch = [dataclasses.replace(TINY, steps=12, seed=s, data_seed=0) for s in (1, 2)]
     single = dataclasses.replace(TINY, steps=12, model="B")
@@ -292,7 +292,7 @@ def test_train_parallel_trains_a_batch_as_train_many_does(tmp_path):
 def test_warm_work_is_what_chapter_8_trains():
     """`python -m fvlib experiment warm` trains chapter 8's batch exactly: the seeds that
     train_seeds batches, in their order, plus every run trained alone; no depth sweep (stored)."""
-    from fvlib.experiments import SHARED_SEEDS, seed_plan, warm_work
+    from fvlib.catalogue import SHARED_SEEDS, seed_plan, warm_work
 
     work = warm_work()
     shared = shared_configs()
@@ -311,8 +311,8 @@ def test_chapter_run_configs_are_the_chapters_runs():
     """The configs that `python -m fvlib warm` trains ahead are those chapters 8 and 11 train:
     the imitation run of model A (IMITATION_RECIPE, 3000 steps) and the twelve standard
     transformers."""
-    from fvlib.experiments import (TRANSFORMER_CHAPTER, imitation_config, learning_config,
-                                   transformer_chapter_configs, warm_work)
+    from fvlib.catalogue import (TRANSFORMER_CHAPTER, imitation_config, learning_config,
+                                 transformer_chapter_configs, warm_work)
     from fvlib.training import IMITATION_RECIPE, LEARNING_RECIPE, curriculum_start
 
     base = shared_configs()[("A", "tree")]

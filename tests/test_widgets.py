@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from conftest import strip_times
-from fvlib import TreePrior, widgets
+from fvlib import TreePrior
+from fvlib.explorers import widgets
 from fvlib.models import model_a
 
 

@@ -6,14 +6,10 @@ import math
 
 import pytest
 
-from fvlib import TreePrior, widgets
-from fvlib.experiments import (
-    DP_POLICY_GRID,
-    LAYER_SPLIT_GRID,
-    dp_policy_state,
-    layer_split_state,
-    split_budget,
-)
+from fvlib import TreePrior
+from fvlib.explorers import widgets
+from fvlib.explorers.states import (DP_POLICY_GRID, LAYER_SPLIT_GRID, dp_policy_state, layer_split_state,
+                                    split_budget)
 from fvlib.plots.explorers import policy_from_state
 from fvlib.priors import GaussianPrior
 from fvlib.theory import (

@@ -1,7 +1,8 @@
 """Figures for the book: one submodule per topic, matplotlib only.
 
 Every function draws results it is given (computed by the layers below: ``fvlib.theory``,
-:mod:`fvlib.interventions`, :mod:`fvlib.experiments`) on a given (or new) axes or figure and returns
+:mod:`fvlib.interventions`, :mod:`fvlib.catalogue`, :mod:`fvlib.analysis`) on a given (or new) axes
+or figure and returns
 what it drew, so chapters stay short and figures look the same everywhere. Nothing here trains
 a model, samples contexts or runs a Monte Carlo estimate.
 
@@ -14,5 +15,5 @@ Submodules, in layers from the bottom up; a submodule imports only from the laye
     architecture, channel, decay, interventions, training, transformers, trees
         the figures of the chapters, by topic
     explorers
-        the figures of the explorers of fvlib.widgets, for chapters too
+        the figures of the explorers of fvlib.explorers.widgets, for chapters too
 """

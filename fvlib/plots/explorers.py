@@ -1,5 +1,5 @@
-"""The figures of the four explorers of :mod:`fvlib.widgets`, as figure functions a chapter can
-call too.
+"""The figures of the six explorers of :mod:`fvlib.explorers.widgets`, as figure functions a
+chapter can call too.
 
 Each function draws the results it is given (it samples, trains and patches nothing) on a
 ``matplotlib.figure.Figure`` and returns it. Without ``figure`` a new one is made outside
@@ -9,7 +9,7 @@ pyplot (no global state, safe from the explorers' background threads); pass
 * :func:`plot_prior_sample` -- the tree with a sampled path beside the sampled ``theta`` and a
   draw from the Gaussian twin (chapter 2);
 * :func:`plot_strategy_curves` -- Monte Carlo losses of the adaptive greedy, non-adaptive and
-  LMMSE strategies over budgets, from a :class:`fvlib.experiments.DecaySweep` (chapter 6);
+  LMMSE strategies over budgets, from a :class:`fvlib.analysis.DecaySweep` (chapter 6);
 * :func:`plot_training_run` -- a run's evaluation loss against its theory baseline (chapter 8);
 * :func:`plot_patching_cell` -- the key-patching heatmap with one cell outlined, its row for the
   model and the theory, and what that patch does to each level of the prediction (chapter 10);
@@ -18,8 +18,9 @@ pyplot (no global state, safe from the explorers' background threads); pass
 * :func:`plot_layer_split_state` -- a budget split into layers: tree against Gaussian twin
   over the number of layers and over the budget (chapter 5).
 
-The last two draw a state of :func:`fvlib.experiments.dp_policy_state` or
-:func:`fvlib.experiments.layer_split_state` (a dict of plain numbers).
+The last two draw a state of :func:`fvlib.explorers.states.dp_policy_state` or
+:func:`fvlib.explorers.states.layer_split_state` (a dict of plain numbers); the explorers'
+states are the functions of :mod:`fvlib.explorers.states`.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def plot_prior_sample(tree, signs, theta, twin_theta, figure=None) -> Figure:
 
 def plot_strategy_curves(sweep, tree, strategies: Sequence[str] = tuple(STRATEGY_COLORS), figure=None) -> Figure:
     """Excess loss against budget (log ``y``, error bars 2 s.e.) of ``strategies`` in a
-    :class:`fvlib.experiments.DecaySweep` of ``tree``; labels from
+    :class:`fvlib.analysis.DecaySweep` of ``tree``; labels from
     :data:`~fvlib.plots.style.STRATEGY_LABELS`, colours from :data:`STRATEGY_COLORS`. The title
     states the task (``K``, ``alpha``, ``N``, ``sigma``, ``tau^2``). Returns the figure."""
     figure = _figure(figure, (7.5, 4.0))
@@ -206,7 +207,7 @@ POLICY_COLORS = {"optimal": OKABE_ITO["vermillion"], "greedy": OKABE_ITO["blue"]
 
 def policy_from_state(state: Mapping) -> dict:
     """The nested policy dict of :func:`fvlib.theory.dp.dp_policy_tree` rebuilt from a
-    :func:`fvlib.experiments.dp_policy_state` (``None`` interval ends are infinite)."""
+    :func:`fvlib.explorers.states.dp_policy_state` (``None`` interval ends are infinite)."""
     b = state["branches"]
     branches = [{"phi_range": (-math.inf if lo is None else lo, math.inf if hi is None else hi),
                  "node": n, "value": v, "branches": []}
@@ -215,7 +216,7 @@ def policy_from_state(state: Mapping) -> dict:
 
 
 def plot_dp_policy_state(state: Mapping, figure=None) -> Figure:
-    """Left: the optimal policy of a :func:`fvlib.experiments.dp_policy_state` as a decision
+    """Left: the optimal policy of a :func:`fvlib.explorers.states.dp_policy_state` as a decision
     tree (:func:`fvlib.plots.trees.draw_policy_tree`), with the prior probability of every
     branch. Right: the expected final risks of the optimal, greedy and non-adaptive policies."""
     figure = _figure(figure, (10.0, 3.8))
@@ -241,7 +242,7 @@ def plot_dp_policy_state(state: Mapping, figure=None) -> Figure:
 
 
 def plot_layer_split_state(state: Mapping, figure=None) -> Figure:
-    """A :func:`fvlib.experiments.layer_split_state`: left, the loss of ``M`` measurements
+    """A :func:`fvlib.explorers.states.layer_split_state`: left, the loss of ``M`` measurements
     against the number of layers ``L`` for the tree and the Gaussian twin (the chosen ``L``
     marked); right, the loss against the budget at the chosen ``L``."""
     figure = _figure(figure, (10.0, 3.6))

@@ -2,9 +2,9 @@
 5, *Gaussian prior*, and 8, *Experiments*; the book's appendix *Conventions*, sections
 "Models A, B, C" and "Strategies and their names").
 
-The runs themselves come from :mod:`fvlib.experiments` (:func:`~fvlib.experiments.shared_configs`,
-:func:`~fvlib.experiments.train_all`, :func:`~fvlib.experiments.depth_sweep`,
-:func:`~fvlib.experiments.depth_sweep_theory`); the figures here draw their results:
+The runs themselves come from :mod:`fvlib.catalogue` (:func:`~fvlib.catalogue.shared_configs`,
+:func:`~fvlib.catalogue.train_all`, :func:`~fvlib.catalogue.depth_sweep`,
+and the theory curves of :func:`~fvlib.analysis.depth_sweep_theory`); the figures here draw their results:
 
 * :func:`plot_covariance_heatmaps` -- posterior covariances side by side (Gaussian:
   independent of the observations; tree: not; see
@@ -14,7 +14,7 @@ The runs themselves come from :mod:`fvlib.experiments` (:func:`~fvlib.experiment
 * :func:`plot_grouped_bars` -- final excess losses as grouped bars with error bars and theory
   markers;
 * :func:`plot_depth_sweep` -- model A with ``L = 1..K`` layers against model B with
-  ``d = 1..K`` channels (a :class:`fvlib.experiments.DepthSweep`), with theory curves.
+  ``d = 1..K`` channels (a :class:`fvlib.catalogue.DepthSweep`), with theory curves.
 
 Colours: the Okabe-Ito palette (colour-blind safe), one fixed colour per model
 (:data:`fvlib.plots.style.MODEL_COLORS`).

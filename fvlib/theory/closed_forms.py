@@ -82,7 +82,11 @@ def _check_tau2(tau2) -> float:
 
 
 def check_nodes(tree: TreePrior, nodes) -> torch.Tensor:
-    """A 1-D LongTensor of distinct node ids in ``[0, D)`` (heap order)."""
+    """``nodes`` (node ids of ``tree``) as a 1-D LongTensor of distinct ids in ``[0, D)`` (heap order).
+
+    Raises:
+        ValueError: ``nodes`` not integer ids, not distinct, or outside ``[0, D)``.
+    """
     if isinstance(nodes, torch.Tensor):
         if nodes.dtype.is_floating_point or nodes.dtype.is_complex or nodes.dtype == torch.bool:
             raise ValueError(f"nodes must hold integer node ids, got dtype {nodes.dtype}")

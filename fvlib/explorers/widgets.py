@@ -19,19 +19,20 @@ so tests and notebooks can check what an explorer displays without a browser.
 * :func:`layer_split_explorer` -- budget ``M``, layers ``L`` and ``alpha``: the tree against
   its Gaussian twin as ``M`` is split into ``L`` layers (chapter 5).
 
-The last two are a pure state function of :mod:`fvlib.experiments` (control values -> plain
-JSON-able numbers, with the control grid as a module constant there), a figure function of
-:mod:`fvlib.plots.explorers` that draws a state, and the :class:`Explorer` that calls both.
+Each explorer draws the state of :mod:`fvlib.explorers.states` at its current control values
+(:func:`~fvlib.explorers.states.prior_state`, :func:`~fvlib.explorers.states.strategy_state`,
+:func:`~fvlib.explorers.states.training_state`, :func:`~fvlib.explorers.states.patching_state`,
+:func:`~fvlib.explorers.states.dp_policy_state`, :func:`~fvlib.explorers.states.layer_split_state`:
+control values -> plain JSON-able numbers) with a figure function of :mod:`fvlib.plots.explorers`.
 
 Static pages (the rendered book) cannot run Python, so every explorer also carries an HTML
 view (``text/html`` in its display bundle), which the book's ``_config.yml`` tells myst-nb to
 render instead of the widget: the figure at the current settings, the settings themselves and
 a note that the controls are live in Jupyter or Colab, and -- when the book is built -- the
-explorer's states on a grid of control values (:mod:`fvlib.live`), which the page's
-JavaScript draws as the reader moves its controls. Each explorer has one compute function
-(:func:`prior_state`, :func:`strategy_state`, :func:`training_state`, :func:`patching_state`)
-that both the widget and the grid call, so the page shows the numbers the widget shows. A
-reader without JavaScript (and a printed page) sees the figure.
+explorer's states on a grid of control values (:mod:`fvlib.explorers.live`; the grids are those
+of :mod:`fvlib.explorers.states`), which the page's JavaScript draws as the reader moves its
+controls. The widget and the grid call the same state function, so the page shows the numbers
+the widget shows. A reader without JavaScript (and a printed page) sees the figure.
 
 An explorer computes (samples, sweeps, trains, patches) and leaves the drawing to the figure
 functions of :mod:`fvlib.plots.explorers`, which a chapter can call on the same results. They
@@ -42,7 +43,6 @@ background threads safe and leaves the notebook's own figures alone.
 from __future__ import annotations
 
 import base64
-import functools
 import html
 import io
 import threading
@@ -54,28 +54,25 @@ import torch
 from matplotlib.figure import Figure
 from tqdm.notebook import tqdm as notebook_tqdm
 
-from ._checks import check_int, check_number
-from .experiments import DP_POLICY_GRID, LAYER_SPLIT_GRID, DecaySweep, decay_sweep, dp_policy_state, layer_split_state
-from .interventions import key_patching_sweep, patch_level_effect, patching_ratio
-from .live import Control, LiveSpec, live_block, live_enabled
-from .plots.explorers import (POLICY_COLORS, STRATEGY_COLORS, plot_dp_policy_state, plot_layer_split_state,
-                              plot_patching_cell, plot_prior_sample, plot_strategy_curves, plot_training_run)
-from .plots.style import MODEL_COLORS, OKABE_ITO, STRATEGY_LABELS
-from .plots.training import theory_label
-from .priors import GaussianPrior, TreePrior
-from .task import make_generator
-from .theory import PatchingResult, theory_patching_sweep
-from .training import (EVAL_SEED_OFFSET, RunDirError, TrainConfig, build_prior, checkpoint_step, evaluate, load_history,
-                    run_dir_for, theory_reference, train)
+from .._checks import check_int, check_number
+from ..analysis import DecaySweep
+from ..interventions import key_patching_sweep, patch_level_effect
+from ..plots.explorers import (plot_dp_policy_state, plot_layer_split_state, plot_patching_cell, plot_prior_sample,
+                               plot_strategy_curves, plot_training_run)
+from ..plots.training import theory_label
+from ..priors import TreePrior
+from ..theory import PatchingResult, theory_patching_sweep
+from ..training import (EVAL_SEED_OFFSET, RunDirError, TrainConfig, build_prior, checkpoint_step, evaluate, load_history,
+                        run_dir_for, theory_reference, train)
+from .live import LiveSpec, live_block, live_enabled
+from .states import (DP_POLICY_GRID, EXPLORER_STRATEGIES, LAYER_SPLIT_GRID, dp_policy_live, dp_policy_state,
+                     layer_split_live, layer_split_state, patching_live, patching_state, prior_live, prior_state,
+                     strategy_live, strategy_state, training_live, training_state)
 
 __all__ = [
     "Explorer",
     "TrainingExplorer",
     "LIVE_NOTE",
-    "prior_state",
-    "strategy_state",
-    "training_state",
-    "patching_state",
     "prior_explorer",
     "strategy_explorer",
     "training_explorer",
@@ -114,7 +111,7 @@ class Explorer(widgets.VBox):
             keyword ``name``.
         draw: ``draw(**values) -> (Figure, summary, caption)``.
         buttons: extra widgets shown next to the controls (e.g. Train / Stop).
-        live: the explorer's grid for the static page (:class:`fvlib.live.LiveSpec`, or a
+        live: the explorer's grid for the static page (:class:`fvlib.explorers.live.LiveSpec`, or a
             function returning one, called when the grid is first needed).
 
     Attributes:
@@ -168,7 +165,7 @@ class Explorer(widgets.VBox):
         return self.live() if callable(self.live) else self.live
 
     def live_html(self) -> str:
-        """The live block of the static page (:func:`fvlib.live.live_block`; computed once),
+        """The live block of the static page (:func:`fvlib.explorers.live.live_block`; computed once),
         or ``""`` for an explorer without a grid."""
         if self._live_block is None:
             spec = self.live_spec()
@@ -178,7 +175,7 @@ class Explorer(widgets.VBox):
     def static_html(self, live: bool | None = None) -> str:
         """The HTML view: title, then settings, current figure (PNG), caption and
         :data:`LIVE_NOTE` (what a reader without JavaScript sees), then with ``live`` (default:
-        :func:`fvlib.live.live_enabled`, i.e. while the book is built) the grid the page's
+        :func:`fvlib.explorers.live.live_enabled`, i.e. while the book is built) the grid the page's
         JavaScript draws, in place of the figure."""
         live = live_enabled() if live is None else live
         settings = ", ".join(f"{name} = {_describe(value)}" for name, value in self.values().items())
@@ -234,29 +231,6 @@ def _check_in(name: str, value, options) -> None:
 # ----------------------------------------------------------------------------------------
 # Prior explorer
 # ----------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=32)
-def _prior_pair(depth: int, alpha: float) -> tuple[TreePrior, GaussianPrior]:
-    """The tree prior and its Gaussian twin (kept: the grid samples each one many times)."""
-    tree = TreePrior(depth, alpha)
-    return tree, GaussianPrior.twin_of(tree)
-
-
-def prior_state(depth: int, alpha: float, seed: int) -> dict:
-    """What the prior explorer shows at ``(depth, alpha, seed)``: a path of the tree prior and a
-    draw of its Gaussian twin from ``make_generator(seed)`` (the path first).
-
-    Returns ``{"depth", "alpha", "dim", "energy", "signs" (K,), "theta" (D,), "twin_theta" (D,),
-    "nonzero"}`` (lists; ``nonzero`` counts the non-zero tree coordinates, always ``K``).
-    """
-    tree, twin = _prior_pair(depth, alpha)
-    generator = make_generator(seed)
-    signs = tree.sample_signs(1, generator)[0]
-    theta = tree.theta_from_signs(signs)
-    twin_theta = twin.sample(1, generator)[0]
-    return {"depth": depth, "alpha": alpha, "dim": tree.dim, "energy": tree.energy, "signs": signs.tolist(),
-            "theta": theta.tolist(), "twin_theta": twin_theta.tolist(), "nonzero": int((theta != 0).sum())}
-
-
 def _draw_prior(depth: int, alpha: float, seed: int) -> tuple[Figure, dict, str]:
     summary = prior_state(depth, alpha, seed)
     tree = TreePrior(depth, alpha)
@@ -286,57 +260,12 @@ def prior_explorer(depth: int = 4, alpha: float = 0.5, seed: int = 0) -> Explore
         "seed": _slider(widgets.IntSlider, seed, 0, 50, 1, "sample seed"),
     }
     return Explorer("Prior explorer: the tree and its Gaussian twin", controls, _draw_prior,
-                    live=lambda: _prior_live(depth, alpha, seed))
-
-
-#: The static page's grid of the prior explorer (the widget's sliders, alpha and the sample
-#: seed coarser).
-PRIOR_GRID = {"depth": tuple(range(2, 8)), "alpha": (0.05,) + tuple(round(0.1 * i, 2) for i in range(1, 11)),
-              "seed": tuple(range(10))}
-
-
-def _grid_values(values, default) -> tuple:
-    """``values`` with ``default`` added (the explorer's own setting is always on the grid)."""
-    return tuple(sorted(set(values) | {default}))
-
-
-def _prior_live(depth: int, alpha: float, seed: int) -> LiveSpec:
-    controls = (Control("depth", "depth K", _grid_values(PRIOR_GRID["depth"], depth), depth),
-                Control("alpha", "alpha", _grid_values(PRIOR_GRID["alpha"], alpha), alpha),
-                Control("seed", "sample seed", _grid_values(PRIOR_GRID["seed"], seed), seed))
-    colors = {"path": OKABE_ITO["vermillion"], "tree": OKABE_ITO["vermillion"], "twin": OKABE_ITO["blue"]}
-    return LiveSpec("prior", controls, prior_state, shared={"colors": colors},
-                    note="every setting of the grid was sampled by fvlib when this page was built "
-                         "(prior_state, the widget's own function).")
+                    live=lambda: prior_live(depth, alpha, seed))
 
 
 # ----------------------------------------------------------------------------------------
 # Strategy explorer
 # ----------------------------------------------------------------------------------------
-#: The strategies the strategy explorer compares (labels and colours: :mod:`fvlib.plots.explorers`).
-EXPLORER_STRATEGIES = ("adaptive_greedy", "nonadaptive_coord", "lmmse")
-
-
-def strategy_state(depth: int, budget: int, alpha: float, n_ctx: int, noise_std: float, samples: int,
-                   seed: int) -> dict:
-    """What the strategy explorer shows: :func:`fvlib.experiments.decay_sweep` of the
-    strategies ``EXPLORER_STRATEGIES`` (adaptive greedy, non-adaptive coordinates, LMMSE) on a
-    depth-``depth`` tree at budgets ``1..min(budget, D)``
-    (``samples`` contexts, ``seed``; the same contexts at every budget, so the curves up to a
-    smaller budget are the first entries of these).
-
-    Returns ``{"budgets", "tau2", "samples", "mean", "stderr" (per strategy, one entry per
-    budget), "final" (the losses at the largest budget)}``.
-    """
-    tree = TreePrior(depth, alpha)
-    budgets = np.arange(1, min(budget, tree.dim) + 1)
-    sweep = decay_sweep(tree, n_ctx, noise_std, budgets, samples=samples, seed=seed, strategies=EXPLORER_STRATEGIES)
-    final = {name: float(sweep.mean[name][-1]) for name in EXPLORER_STRATEGIES}
-    return {"budgets": budgets.tolist(), "tau2": sweep.tau2, "samples": samples,
-            "mean": {k: v.tolist() for k, v in sweep.mean.items()},
-            "stderr": {k: v.tolist() for k, v in sweep.stderr.items()}, "final": final}
-
-
 def _strategy_drawer(depth: int, samples: int, seed: int) -> DrawFn:
     def draw(budget: int, alpha: float, n_ctx: int, noise_std: float) -> tuple[Figure, dict, str]:
         summary = strategy_state(depth, budget, alpha, n_ctx, noise_std, samples, seed)
@@ -391,55 +320,12 @@ def strategy_explorer(
     }
     return Explorer("Strategy explorer: adaptive versus non-adaptive inference",
                     controls, _strategy_drawer(depth, samples, seed),
-                    live=lambda: _strategy_live(depth, budget, alpha, n_ctx, noise_std, samples, seed))
-
-
-#: The static page's grid of the strategy explorer: each point is a Monte Carlo sweep over all
-#: budgets (about 0.7 s of one CPU core at depth 6 with 1000 contexts, most of it at N = 512),
-#: so alpha, N and sigma are coarser than the widget's sliders: 27 sweeps, about 20 s of one core
-#: (benchmarks/bench_live.py).
-STRATEGY_GRID = {"alpha": (0.25, 0.5, 1.0), "n_ctx": (32, 128, 512), "noise_std": (0.0, 0.5, 1.0)}
-
-
-def _strategy_live(depth, budget, alpha, n_ctx, noise_std, samples, seed) -> LiveSpec:
-    max_budget = min(2**depth - 1, 12)
-    controls = (Control("budget", "budget M", tuple(range(1, max_budget + 1)), budget, grid=False),
-                Control("alpha", "alpha", _grid_values(STRATEGY_GRID["alpha"], alpha), alpha),
-                Control("n_ctx", "context N", _grid_values(STRATEGY_GRID["n_ctx"], n_ctx), n_ctx),
-                Control("noise_std", "noise sigma", _grid_values(STRATEGY_GRID["noise_std"], noise_std), noise_std))
-
-    def compute(alpha, n_ctx, noise_std):
-        return strategy_state(depth, max_budget, alpha, n_ctx, noise_std, samples, seed)
-
-    return LiveSpec("strategy", controls, compute, shared={"depth": depth, "seed": seed, "strategies": list(EXPLORER_STRATEGIES),
-                                                        "colors": {k: STRATEGY_COLORS[k] for k in EXPLORER_STRATEGIES},
-                                                        "labels": {k: STRATEGY_LABELS[k] for k in EXPLORER_STRATEGIES}},
-                    note=f"each setting of the grid is a Monte Carlo sweep run by fvlib when this page was "
-                         f"built (strategy_state, the widget's own function): {samples} contexts per point, "
-                         f"seed {seed}, the same contexts at every budget.")
+                    live=lambda: strategy_live(depth, budget, alpha, n_ctx, noise_std, samples, seed))
 
 
 # ----------------------------------------------------------------------------------------
 # Training explorer
 # ----------------------------------------------------------------------------------------
-def training_state(config: TrainConfig, history: list[dict], reference: Mapping) -> dict | None:
-    """What the training explorer shows of a run: its evaluation history (``history``, as
-    :func:`fvlib.training.checkpoint.load_history` returns it) beside its theory baseline (``reference``, as
-    :func:`fvlib.training.evaluate.theory_reference` returns it); ``None`` when the run has no history.
-
-    Returns ``{"model", "prior", "total_steps", "eval_contexts", "steps", "loss", "stderr"
-    (one entry per evaluation), "theory", "theory_stderr", "theory_name", "theory_label" (its
-    legend text), "theory_samples" (0 for a closed form)}``.
-    """
-    if not history:
-        return None
-    return {"model": config.model, "prior": config.prior, "total_steps": config.steps,
-            "eval_contexts": config.eval_contexts, "steps": [h["step"] for h in history],
-            "loss": [h["eval_excess_loss"] for h in history], "stderr": [h["eval_stderr"] for h in history],
-            "theory": reference["value"], "theory_stderr": reference["stderr"], "theory_name": reference["name"],
-            "theory_label": theory_label(reference["name"]), "theory_samples": reference["samples"]}
-
-
 def describe_reference(reference: Mapping) -> str:
     """The theory baseline in words: ``theory: adaptive greedy (Bayes) = 0.0123 (Monte Carlo,
     4000 contexts)``, or ``(exact)`` for a closed form."""
@@ -519,25 +405,15 @@ class TrainingExplorer(Explorer):
             return []
 
     def _live(self) -> LiveSpec:
-        """The static page's grid: the recorded run of every model and prior at the current
-        steps (those never trained are left out), played back step by step."""
+        """The static page's grid (:func:`fvlib.explorers.states.training_live`): the recorded
+        run of every model and prior at the current steps (those never trained are left out),
+        played back step by step."""
         steps = self.values()["steps"]
         options = {name: tuple(self.controls[name].options) for name in ("model", "prior")}
         states = {(m, p): training_state(config, history, self.reference(config))
                   for m in options["model"] for p in options["prior"]
                   for config in [self.config(m, p, steps)] for history in [self._recorded(config)] if history}
-        # a prior no model was trained on is not offered
-        priors = tuple(p for p in options["prior"] if any(key[1] == p for key in states)) or (self.base.prior,)
-        recorded = sorted({step for state in states.values() for step in state["steps"]}) or [steps]
-        values = self.values()
-        prior = values["prior"] if values["prior"] in priors else priors[0]
-        controls = (Control("model", "model", options["model"], values["model"]),
-                    Control("prior", "prior", priors, prior),
-                    Control("step", "training step", tuple(recorded), recorded[-1], grid=False))
-        return LiveSpec("training", controls, lambda model, prior: states.get((model, prior)),
-                        shared={"depth": self.base.depth, "budget": self.base.budget, "colors": dict(MODEL_COLORS)},
-                        note="a playback of the runs recorded when this page was built (the chapter's "
-                             f"runs, seed {self.base.seed}); the widget in Jupyter or Colab trains new ones.")
+        return training_live(states, options["model"], options["prior"], self.values(), self.base)
 
     def run_dir(self):
         return run_dir_for(self.config(), self.run_root)
@@ -720,22 +596,6 @@ def training_explorer(
 # ----------------------------------------------------------------------------------------
 # Patching explorer
 # ----------------------------------------------------------------------------------------
-def patching_state(sweeps: Mapping, effect) -> dict:
-    """What the patching explorer shows of one cell ``(m, l)``: the loss ratio of the cell and
-    of its row ``m`` (of the model's sweep when ``sweeps`` has one, else the theory's) and, level
-    by level, the overlaps of the patched prediction (``effect``, a
-    :class:`fvlib.interventions.patching.LevelEffect`).
-
-    Returns ``{"split_level", "layer", "ratio", "row" (L,), "target_overlap", "donor_overlap",
-    "baseline_overlap" (K,), "contexts"}``.
-    """
-    main = sweeps["model"] if "model" in sweeps else sweeps["theory"]
-    row = patching_ratio(main)[effect.split_level - 1]
-    return {"split_level": effect.split_level, "layer": effect.layer, "ratio": float(row[effect.layer - 1]),
-            "row": row.tolist(), "target_overlap": effect.target.tolist(), "donor_overlap": effect.donor.tolist(),
-            "baseline_overlap": effect.baseline.tolist(), "contexts": effect.n_contexts}
-
-
 def _patching_drawer(tree: TreePrior, n_ctx: int, noise_std: float, n_layers: int, model, sweeps: dict,
                      contexts: int, seed: int) -> tuple[DrawFn, Callable[..., dict]]:
     effects: dict = {}
@@ -808,16 +668,8 @@ def patching_explorer(
     source = "trained model" if model is not None else "greedy theory policy"
 
     def live() -> LiveSpec:
-        grid = (Control("split_level", "split level m", tuple(range(1, tree.depth + 1)), split_level),
-                Control("layer", "patched layer l", tuple(range(1, n_layers + 1)), layer))
-        colors = {"split": OKABE_ITO["vermillion"], "cell": "#000000", "model": MODEL_COLORS["A"],
-                  "target": OKABE_ITO["green"], "donor": OKABE_ITO["orange"]}
-        shared = {"source": source, "depth": tree.depth, "n_layers": n_layers, "contexts": contexts, "seed": seed,
-                  "colors": colors,
-                  "ratio": {name: patching_ratio(result).tolist() for name, result in sweeps.items()}}
-        return LiveSpec("patching", grid, compute, shared=shared,
-                        note=f"every cell was patched by fvlib when this page was built (patching_state, the "
-                             f"widget's own function): {contexts} donor/target pairs per cell, seed {seed}.")
+        return patching_live(tree, n_layers, split_level, layer, sweeps, compute, source=source, contexts=contexts,
+                             seed=seed)
 
     return Explorer("Patching explorer: where routing happens", controls, draw, live=live)
 
@@ -842,21 +694,13 @@ def dp_policy_explorer(tau: float = 0.6) -> Explorer:
     chapter 4 (K = 3, alpha = 1/2) as a decision tree with the probability of each branch,
     beside the values of the optimal, greedy and non-adaptive policies.
 
-    ``summary`` is :func:`fvlib.experiments.dp_policy_state` at the current ``tau``.
+    ``summary`` is :func:`fvlib.explorers.states.dp_policy_state` at the current ``tau``.
     """
     _check_in("tau", tau, DP_POLICY_GRID["tau"])
     controls = {"tau": widgets.SelectionSlider(options=DP_POLICY_GRID["tau"], value=tau,
                                                description="noise tau", continuous_update=False)}
     return Explorer("DP policy explorer: the optimal policy against greedy", controls, _draw_dp_policy,
-                    live=lambda: _dp_policy_live(tau))
-
-
-def _dp_policy_live(tau: float) -> LiveSpec:
-    controls = (Control("tau", "noise tau", DP_POLICY_GRID["tau"], tau),)
-    colors = {name: POLICY_COLORS[name] for name in ("optimal", "greedy", "nonadaptive")}
-    return LiveSpec("dp_policy", controls, dp_policy_state, shared={"colors": colors},
-                    note="every value of tau was solved by fvlib when this page was built (dp_policy_state, "
-                         "the widget's own function; exact quadrature, no Monte Carlo).")
+                    live=lambda: dp_policy_live(tau))
 
 
 # ----------------------------------------------------------------------------------------
@@ -878,7 +722,7 @@ def layer_split_explorer(budget: int = 6, layers: int = 2, alpha: float = 0.5) -
     Gaussian twin without channel noise. The twin's loss depends only on ``M``; the tree's
     adaptive loss falls as the same budget is spread over more layers.
 
-    ``summary`` is :func:`fvlib.experiments.layer_split_state` at the current settings.
+    ``summary`` is :func:`fvlib.explorers.states.layer_split_state` at the current settings.
     """
     _check_in("budget", budget, LAYER_SPLIT_GRID["budget"])
     _check_in("layers", layers, LAYER_SPLIT_GRID["layers"])
@@ -895,14 +739,4 @@ def layer_split_explorer(budget: int = 6, layers: int = 2, alpha: float = 0.5) -
     }
     _keep_at_most(controls["layers"], controls["budget"])
     return Explorer("Layer split explorer: one budget, more or fewer layers", controls, _draw_layer_split,
-                    live=lambda: _layer_split_live(budget, layers, alpha))
-
-
-def _layer_split_live(budget: int, layers: int, alpha: float) -> LiveSpec:
-    controls = (Control("budget", "budget M", LAYER_SPLIT_GRID["budget"], budget),
-                Control("layers", "layers L", LAYER_SPLIT_GRID["layers"], layers, at_most="budget"),
-                Control("alpha", "alpha", LAYER_SPLIT_GRID["alpha"], alpha))
-    colors = {"tree": OKABE_ITO["vermillion"], "gaussian": OKABE_ITO["blue"], "mark": "#000000"}
-    return LiveSpec("layer_split", controls, layer_split_state, shared={"colors": colors},
-                    note="every setting of the grid was computed by fvlib when this page was built "
-                         "(layer_split_state, the widget's own function; closed forms, no Monte Carlo).")
+                    live=lambda: layer_split_live(budget, layers, alpha))

@@ -1,9 +1,10 @@
 """Live explorers in the static HTML book: states computed on a grid, drawn in the browser.
 
 A static page cannot run Python, so at build time an explorer's *states* -- the numbers its
-figure shows -- are computed on a grid of control values, by the same compute function the
-ipywidgets explorer of :mod:`fvlib.widgets` calls on every change of a control, and embedded in
-the explorer's ``text/html`` output as JSON. The book's JavaScript module
+figure shows -- are computed on a grid of control values, by the same state function of
+:mod:`fvlib.explorers.states` that the ipywidgets explorer of :mod:`fvlib.explorers.widgets`
+calls on every change of a control, and embedded in the explorer's ``text/html`` output as
+JSON. The book's JavaScript module
 ``_static/fvlib-live.js`` (written for this book; nothing is loaded from outside the site)
 builds the controls as HTML inputs, and on every change looks up the state of the current
 settings and draws it as SVG. The PNG of the default settings stays in the page: it is what a
@@ -24,13 +25,15 @@ The pieces:
 Recipe: adding an explorer to the static book.
 
 1. A compute function ``state(**values) -> dict`` of JSON numbers, lists and strings (the one
-   home of the explorer's numbers): the ipywidgets draw calls it and draws its figure from the
-   result, so the notebook and the page cannot disagree.
-2. A grid: a :class:`LiveSpec` with one :class:`Control` per control (values: the widget's
-   options, or a subset of them when each state costs Monte Carlo time; keep the page's data
-   under 1.5 MB and measure the build time), ``kind`` naming the draw function, and
-   ``shared`` for numbers common to every state (drawn once, embedded once). Give it to the
-   :class:`fvlib.widgets.Explorer` as ``live=``.
+   home of the explorer's numbers), in :mod:`fvlib.explorers.states`: the ipywidgets draw
+   calls it and draws its figure from the result, so the notebook and the page cannot
+   disagree.
+2. A grid, built by a function beside the state: a :class:`LiveSpec` with one
+   :class:`Control` per control (values: the widget's options, or a subset of them when each
+   state costs Monte Carlo time; keep the page's data under 1.5 MB and measure the build
+   time), ``kind`` naming the draw function, and ``shared`` for numbers common to every state
+   (drawn once, embedded once). Give it to the :class:`fvlib.explorers.widgets.Explorer` as
+   ``live=``.
 3. A draw function in ``_static/fvlib-live.js``: ``FvlibLive.register(kind, draw)`` where
    ``draw(ctx)`` gets the state, the view values and ``shared``, draws panels with the SVG
    helpers there, and returns a caption. Mark the drawn numbers with ``data-values`` so the
