@@ -34,7 +34,7 @@ Which half of model A falls short (chapter 8, *Experiments*):
 * :func:`router_bayes_decode` -- model A's own decoder against the exact posterior given the
   directions its router used in each context (router + Bayes decoder), on the same contexts;
 * :func:`router_policy_alignment` -- how far the router measures what a theory policy measures;
-* :func:`paired_ratio` and :func:`greedy_paired` -- a model against greedy on the same
+* :func:`fvlib.stats.paired_ratio` and :func:`greedy_paired` -- a model against greedy on the same
   contexts, with the standard error of the paired ratio;
 * :func:`gap_table` -- model A and its router with the Bayes decoder beside greedy, the
   optimised non-adaptive directions and the optimised adaptive policy, for one trained run.
