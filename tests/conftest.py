@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from fvlib.training import TrainConfig
+from fvlib.transformer import make_transformer
 
 #: A tiny but real training run: tree K = 3 (D = 7), N = 32, budget 3, 40 steps, with a short
 #: imitation warm start, evaluations every 10 steps and checkpoints every 15.
@@ -15,6 +16,18 @@ TINY = TrainConfig(model="A", depth=3, n_ctx=32, budget=3, steps=40, batch=32, q
 def strip_times(history: list[dict]) -> list[dict]:
     """A training history without its wall times (the rest is deterministic)."""
     return [{k: v for k, v in entry.items() if k != "seconds"} for entry in history]
+
+
+def seeded_transformer(prior, kind: str = "A", arrangement: str = "bottlenecked", budget: int = 3, seed: int = 0,
+                       **kwargs):
+    """A random standard transformer (``d_model`` 16, head size 8) for ``prior`` in which every
+    weight matters: each parameter is moved off its initialisation (no zero starts, so the
+    read-out and the checks on it are not vacuous); in eval mode."""
+    torch.manual_seed(seed)
+    model = make_transformer(kind, prior, budget, arrangement, d_model=16, head_dim=8, **kwargs)
+    for p in model.parameters():
+        p.data.add_(0.3 * torch.randn_like(p))
+    return model.eval()
 
 
 def same_parameters(a: torch.nn.Module, b: torch.nn.Module) -> bool:

@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 
-from fvlib import make_prior, sample_task, make_generator
+from conftest import seeded_transformer
+from fvlib import make_generator, make_prior, sample_task
 from fvlib.hooks import ActivationCache, hook_name
 from fvlib.training import TrainConfig, load_run, run_dir_for, train, evaluate, build_prior
 from fvlib.transformer import (
@@ -17,7 +18,6 @@ from fvlib.transformer import (
     TRANSFORMER_LAYER_HOOKS,
     StandardTransformer,
     TransformerConfig,
-    make_transformer,
     transformer_config,
 )
 
@@ -38,12 +38,7 @@ def x_query():
 
 
 def seeded(kind="A", arrangement="bottlenecked", budget=3, seed=0, **kw):
-    torch.manual_seed(seed)
-    model = make_transformer(kind, PRIOR, budget, arrangement, d_model=16, head_dim=8, **kw)
-    # make every weight matter (no zero starts), so the checks below are not vacuous
-    for p in model.parameters():
-        p.data.add_(0.3 * torch.randn_like(p))
-    return model.eval()
+    return seeded_transformer(PRIOR, kind, arrangement, budget, seed, **kw)
 
 
 # ----- configuration ----------------------------------------------------------------------

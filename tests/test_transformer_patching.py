@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from conftest import seeded_transformer
 from fvlib import make_generator, make_prior
 from fvlib.hooks import hook_name
 from fvlib.interventions import (
@@ -25,7 +26,6 @@ from fvlib.interventions import (
 )
 from fvlib.theory import patching_pairs
 from fvlib.training import TrainConfig, train
-from fvlib.transformer import make_transformer
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -34,12 +34,7 @@ N = 12
 
 
 def seeded(kind="A", arrangement="bottlenecked", seed=0):
-    """A random model in which every weight matters (the readout does not start at zero)."""
-    torch.manual_seed(seed)
-    model = make_transformer(kind, TREE, 3, arrangement, d_model=16, head_dim=8)
-    for p in model.parameters():
-        p.data.add_(0.3 * torch.randn_like(p))
-    return model.eval()
+    return seeded_transformer(TREE, kind, arrangement, 3, seed)
 
 
 def pair(contexts=20, split_level=1, seed=0):
