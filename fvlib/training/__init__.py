@@ -7,11 +7,11 @@ The modules, in layers from the bottom up; a module imports only from the layers
 
     rundir, config      run directories on disk (atomic checkpoints with a manifest of checksums,
                         the lock); TrainConfig, the recipes, what a config means at each step,
-                        the model it builds and its run directory's name
+                        the model it builds and the name of its run directory
     evaluate            the per-context error, evaluation sets, the theory baseline beside it
     checkpoint          what a checkpoint holds, written, read and resumed; load_run
-    warm_start          model A's router fitted to the greedy policy (the imitation start)
-    loop                one training step and one run's loop: train
+    warm_start          the router of model A fitted to the greedy policy (the imitation start)
+    loop                one training step and the loop of one run: train
     batched             many runs in one loop (stacked parameters, vmap): train_many
 
 Everything a chapter or a user calls is importable from here: ``fvlib.training.train``,
