@@ -849,6 +849,42 @@ def decay_fits(data: dict, variants: Sequence[str], theory_names: Sequence[str] 
     return rows
 
 
+#: The rows of :func:`sweep_table_rows` for each variant: label -> value(point row, best adaptive).
+_SWEEP_TABLE_ROWS = {
+    "mean loss": lambda q, best: q["mean"],
+    "sd over seeds": lambda q, best: q["spread"],
+    "/ best adaptive": lambda q, best: q["mean"] / best,
+    "/ greedy, paired": lambda q, best: q.get("ratio_mean", ""),
+    "steps": lambda q, best: "/".join(f"{s // 1000}k" for s in q["steps"]),
+    "not converged": lambda q, best: q["not_converged"],
+}
+
+
+def sweep_table_rows(data: dict, variants: Sequence[str], theory_names: Sequence[str], prior: str = "tree") -> list[list]:
+    """The rows of a stored depth sweep's table, one column per budget of its theory curves.
+
+    For each variant: ``"<variant>: mean loss"``, ``": sd over seeds"``, ``": / best adaptive"``
+    (mean over seeds divided by the smaller of the ``adaptive_greedy`` and ``adaptive_opt``
+    theory curves), ``": / greedy, paired"`` (mean over seeds of each run's ratio to greedy on its
+    own contexts), ``": steps"`` (per seed, in thousands) and ``": not converged"`` (a count).
+    A budget not stored for every seed of a variant is ``""`` in that variant's rows (a point
+    stored for some seeds only is left out, as :func:`depth_sweep_of` leaves it out). Then one
+    row ``"theory: <name>"`` per curve of ``theory_names``. Each row: label, then one value per
+    budget."""
+    budgets = list(data["theory"]["budgets"])
+    curves = theory_curves(data, ("adaptive_greedy", "adaptive_opt"))
+    best = np.minimum(curves["adaptive_greedy"][0], curves["adaptive_opt"][0])
+    point = {(r["variant"], r["budget"]): r for r in point_rows(data) if r["prior"] == prior}
+    rows = []
+    for v in variants:
+        full = set(depth_sweep_of(data, (v,), prior).budgets.tolist())
+        points = [point[v, m] if m in full else None for m in budgets]
+        rows += [[f"{v}: {label}"] + [value(q, b) if q else "" for q, b in zip(points, best)]
+                 for label, value in _SWEEP_TABLE_ROWS.items()]
+    rows += [[f"theory: {k}"] + list(mean) for k, (mean, _) in theory_curves(data, theory_names).items()]
+    return rows
+
+
 #: When a stored run counts as failed (:func:`failed`; the book reports failures as such).
 FAILURE_RULE = ("a tree-prior run of a model with a nonlinear decoder (A, B, A', B') fails when its final loss is "
                 "not at least 10% below the loss of measuring the first M coordinates in heap order (the "

@@ -4,6 +4,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import fvlib.store as store
@@ -244,6 +245,20 @@ def test_decay_fits_recover_an_exponential_and_a_power_law():
     assert rows["A", 0]["drops"] == pytest.approx([2.0, 2.0, 2.0])
     head = store.decay_fits(_sweep_result(losses, theory), ["A"], budgets=[1, 2, 3])
     assert head[0]["budgets"] == [1, 2, 3] and len(head[0]["drops"]) == 2
+
+
+def test_sweep_table_rows_blank_a_budget_not_stored_for_every_seed():
+    curves = {n: {"mean": [0.4, 0.2], "stderr": [0.0, 0.0]} for n in ("adaptive_greedy", "adaptive_opt")}
+    curves["adaptive_opt"]["mean"] = [0.5, 0.1]
+    curves["nonadaptive_coord"] = {"mean": [0.9, 0.9], "stderr": [0.0, 0.0]}
+    losses = {("A", 1, 0): 0.3, ("A", 1, 1): 0.5, ("A", 2, 0): 0.05}           # M = 2: seed 0 only
+    rows = {r[0]: r[1:] for r in store.sweep_table_rows(_sweep_result(losses, {"budgets": [1, 2], "curves": curves}),
+                                                        ["A"], ["adaptive_opt"])}
+    assert rows["A: mean loss"] == [pytest.approx(0.4), ""]
+    assert rows["A: / best adaptive"] == [pytest.approx(0.4 / 0.4), ""]      # best: min(greedy, opt) per budget
+    assert rows["A: sd over seeds"][0] == pytest.approx(np.std([0.3, 0.5], ddof=1))
+    assert rows["A: steps"] == ["0k/0k", ""] and rows["A: not converged"] == [0, ""]
+    assert rows["theory: adaptive_opt"] == [0.5, 0.1] and "theory: adaptive_greedy" not in rows
 
 
 def test_failed_runs_by_the_rule_and_point_rows_without_them():
