@@ -1,6 +1,7 @@
 """fvlib.store: the named experiments, their result files, resume, verification, the CLI."""
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -315,3 +316,17 @@ def test_failure_rule_reads_a_theory_kept_per_budget():
     assert not store.failed(data, {**run, "final_loss": 0.05})
     assert store.failed(data, {**run, "final_loss": 0.095})
     assert not store.failed(data, {**run, "budget": 5, "final_loss": 0.095})
+
+
+def test_the_readme_store_table_is_the_stored_provenance():
+    """Each row of the README's table of stored experiments states what ``results/NAME.json``
+    holds: the runs stored out of those planned, and the CPU hours of its provenance."""
+    root = Path(__file__).resolve().parents[1]
+    rows = re.findall(r"^\| `([a-z0-9-]+)` \| \d+ \| (\d+) of (\d+) \| ([\d.]+)", (root / "README.md").read_text(),
+                      flags=re.M)
+    assert {name for name, *_ in rows} == set(store.experiment_names())
+    for name, runs, planned, hours in rows:
+        data = store.load_result(name, root / "results")
+        summary = store.provenance_summary(data)
+        assert (int(runs), int(planned)) == (summary["runs"], len(data["planned_runs"])), name
+        assert float(hours) == round(summary["cpu_seconds"] / 3600, 1), name
