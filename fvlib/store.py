@@ -72,6 +72,7 @@ __all__ = [
     "last_fifth_drop",
     "estimate_seconds",
     "run",
+    "run_key",
     "load_result",
     "stored",
     "summarise",
@@ -172,8 +173,14 @@ class Experiment:
 STORED_WARM_START_FIELDS = {k: IMITATION_RECIPE[k] for k in ("router_warm_start", "router_lr_scale")}
 
 
+def run_key(variant: str, prior: str, budget: int, seed: int) -> str:
+    """The key of one stored run in ``results/NAME.json``'s ``runs``:
+    ``"VARIANT/PRIOR/MBUDGET/seedSEED"``, e.g. ``"A'-open/tree/M4/seed0"``."""
+    return f"{variant}/{prior}/M{budget}/seed{seed}"
+
+
 def _key(variant: str, config: TrainConfig) -> str:
-    return f"{variant}/{config.prior}/M{config.budget}/seed{config.seed}"
+    return run_key(variant, config.prior, config.budget, config.seed)
 
 
 #: Settings every trained run of the store shares: 20 evaluations (so the last fifth of the
@@ -799,7 +806,7 @@ def depth_sweep_of(data: dict, variants: Sequence[str], prior: str = "tree"):
     sweep = DepthSweep(budgets=np.array(budgets, dtype=int), seeds=tuple(seeds))
     by_key = data["runs"]
     for v in variants:
-        records = [[by_key[_key_of(v, prior, b, s)] for b in budgets] for s in seeds]
+        records = [[by_key[run_key(v, prior, b, s)] for b in budgets] for s in seeds]
         loss = np.array([[r["final_loss"] for r in row] for row in records])
         se = np.array([[r["final_stderr"] for r in row] for row in records])
         sweep.seed_loss[v], sweep.seed_stderr[v] = loss, se
@@ -807,10 +814,6 @@ def depth_sweep_of(data: dict, variants: Sequence[str], prior: str = "tree"):
         sweep.stderr[v] = np.sqrt((se**2).sum(0)) / len(seeds)
         sweep.spread[v] = loss.std(0, ddof=1) if len(seeds) > 1 else np.zeros(len(budgets))
     return sweep
-
-
-def _key_of(variant: str, prior: str, budget: int, seed: int) -> str:
-    return f"{variant}/{prior}/M{budget}/seed{seed}"
 
 
 def theory_curves(data: dict, names: Sequence[str], budgets: Sequence[int] | None = None) -> dict:

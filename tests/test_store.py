@@ -168,6 +168,8 @@ def test_every_stored_result_loads_and_its_configs_build(name):
         assert record["history"][-1]["step"] == config.steps
         assert record["history"][-1]["eval_excess_loss"] == record["final_loss"]
         assert record["converged"] == store.converged(record["history"], config.steps)
+        key = store.run_key(record["variant"], config.prior, config.budget, config.seed)
+        assert data["runs"][key] is record, key
 
 
 @pytest.mark.parametrize("name", STORED)
@@ -225,7 +227,7 @@ def _sweep_result(losses: dict, theory: dict) -> dict:
     """A result dict with the given final losses {(variant, budget, seed): loss}."""
     runs = {}
     for (variant, budget, seed), loss in losses.items():
-        key = store._key_of(variant, "tree", budget, seed)
+        key = store.run_key(variant, "tree", budget, seed)
         runs[key] = {"key": key, "variant": variant, "prior": "tree", "budget": budget, "seed": seed,
                      "final_loss": loss, "final_stderr": 0.01 * loss, "converged": True, "steps": 100,
                      "history": [{"step": 80, "eval_excess_loss": loss}, {"step": 100, "eval_excess_loss": loss}]}
