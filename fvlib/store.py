@@ -364,9 +364,11 @@ def get_experiment(name: str) -> Experiment:
 # Cost, convergence, provenance
 # ----------------------------------------------------------------------------------------
 def estimate_seconds(config: TrainConfig) -> float:
-    """A rough CPU cost of training ``config`` on one thread, in seconds (within about a factor
-    of 1.5 on the 2-core machine it was calibrated on, 2026-12-02): the step time grows with the
-    reading of the context, ``batch * n_ctx * D`` per layer, plus a fixed part."""
+    """A rough CPU cost of training ``config`` on one thread, in seconds: the step time grows
+    with the reading of the context (constrained models: ``batch * n_ctx * D`` per layer;
+    transformers: ``batch * n_ctx * width**2`` per layer), plus a fixed part. Calibrated on the
+    stored provenance of the 2-core machines (2026-12-03): within a factor of about 1.5 of the
+    CPU seconds of most stored work items (seeds trained together, doublings included)."""
     d = 2**config.depth - 1
     if config.arch == "constrained":
         layers = config.budget if config.model == "A" else 1
@@ -374,7 +376,7 @@ def estimate_seconds(config: TrainConfig) -> float:
         warm = 0.4 * config.router_warm_start * step if config.warm_starts else 0.0
     else:
         layers = config.budget if config.model == "A" else 1
-        step = 0.004 + 2.5e-9 * config.batch * config.n_ctx * config.width**2 * layers
+        step = 0.03 + 2.5e-9 * config.batch * config.n_ctx * config.width**2 * layers
         warm = 0.0
     return config.steps * step + warm
 
