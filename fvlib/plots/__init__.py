@@ -9,9 +9,9 @@ a model, samples contexts or runs a Monte Carlo estimate.
 Submodules, in layers from the bottom up; a submodule imports only from the layers below it
 (``tests/test_import_layers.py`` checks this)::
 
-    style, tables
+    style, tables, text
         the Okabe-Ito palette, one colour per model, one label per strategy; tables of results
-        (HTML in the book, aligned text elsewhere)
+        (HTML in the book, aligned text elsewhere); computed numbers in a page's text (glue)
     architecture, channel, decay, interventions, training, transformers, trees
         the figures of the chapters, by topic
     explorers

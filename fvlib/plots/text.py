@@ -1,0 +1,41 @@
+"""Computed numbers in a page's text (myst-nb's *glue*).
+
+A chapter that quotes a number of its own computation in its prose does not type it: a code
+cell calls ``quote("k2-a-mean", value)`` and the markdown writes
+``{glue:text}`k2-a-mean:.3f```, so the page shows the number this build computed. That matters
+for trained runs: their last bits differ between CPUs (the kernels differ), training amplifies
+that, and a typed number would then disagree with the page's own figure. The hidden assert
+cells check the *claims* about such numbers (an order, a bound, a ratio within a tolerance), not
+their digits.
+
+Outside a book build (Jupyter without myst-nb, Colab) :func:`quote` only returns the value, and
+the markdown shows the role's text instead of the number.
+"""
+
+from __future__ import annotations
+
+import numbers
+import re
+
+__all__ = ["quote"]
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
+def quote(name: str, value):
+    """Glue the number ``value`` (a Python, NumPy or 0-d torch number) under ``name`` for the
+    page's text (``{glue:text}`NAME:FORMAT```, e.g. ``:.2f``); returns it as a plain ``int`` or
+    ``float``. ``name``: letters, digits, ``-`` and ``_``; unique within the page."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(f"name must be letters, digits, '-' and '_', got {name!r}")
+    if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"value of {name!r} must be a real number, got {value!r}")
+    value = int(value) if isinstance(value, numbers.Integral) else float(value)
+    try:
+        from myst_nb import glue
+    except ImportError:  # not a book build: the number is only returned
+        return value
+    glue(name, value, display=False)
+    return value

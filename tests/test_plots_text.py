@@ -1,0 +1,37 @@
+"""fvlib.plots.text.quote: a computed number glued into the page's text."""
+
+import numpy as np
+import pytest
+import torch
+from IPython.core.interactiveshell import InteractiveShell
+
+from fvlib.plots.text import quote
+
+
+def test_quote_returns_plain_numbers_and_glues_them(monkeypatch):
+    glued = []
+    monkeypatch.setattr("myst_nb.glue", lambda name, value, display=True: glued.append((name, value, display)))
+    assert quote("a-ratio", np.float64(0.664)) == 0.664 and type(quote("b", np.float32(0.5))) is float
+    assert quote("c_count", np.int64(3)) == 3 and type(quote("d", torch.tensor(7))) is int
+    assert quote("e", torch.tensor(0.25, dtype=torch.float64)) == 0.25
+    assert glued[0] == ("a-ratio", 0.664, False) and [g[0] for g in glued] == ["a-ratio", "b", "c_count", "d", "e"]
+    # the value is glued as a plain float, so its text form is what {glue:text}`name:.2f` formats
+    assert all(type(v) in (int, float) for _, v, _ in glued)
+
+
+def test_quote_glues_into_the_output_myst_nb_reads():
+    shell = InteractiveShell.instance()
+    outputs = []
+    shell.display_pub.publish = lambda data, metadata=None, **kw: outputs.append((data, metadata))
+    quote("k4-mean", np.float64(0.0132))
+    (data, metadata), = outputs
+    assert metadata["scrapbook"]["name"] == "k4-mean"
+    assert float(next(v for k, v in data.items() if k.endswith("text/plain"))) == 0.0132
+
+
+@pytest.mark.parametrize("name, value", [("", 1.0), ("has space", 1.0), ("-lead", 1.0), (3, 1.0),
+                                         ("x", "0.5"), ("x", True), ("x", np.array([1.0, 2.0])),
+                                         ("x", torch.tensor([1.0])), ("x", None)])
+def test_quote_refuses_bad_names_and_values(name, value):
+    with pytest.raises(ValueError, match="name|value"):
+        quote(name, value)
