@@ -19,10 +19,11 @@ def test_quote_returns_plain_numbers_and_glues_them(monkeypatch):
     assert all(type(v) in (int, float) for _, v, _ in glued)
 
 
-def test_quote_glues_into_the_output_myst_nb_reads():
+def test_quote_glues_into_the_output_myst_nb_reads(monkeypatch):
     shell = InteractiveShell.instance()
     outputs = []
-    shell.display_pub.publish = lambda data, metadata=None, **kw: outputs.append((data, metadata))
+    monkeypatch.setattr(shell.display_pub, "publish",
+                        lambda data, metadata=None, **kw: outputs.append((data, metadata)))
     quote("k4-mean", np.float64(0.0132))
     (data, metadata), = outputs
     assert metadata["scrapbook"]["name"] == "k4-mean"
