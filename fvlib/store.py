@@ -708,7 +708,8 @@ def _records_by_point(data: dict) -> dict[tuple, list[dict]]:
 
 
 def summarise(data: dict) -> list[dict]:
-    """One row per point (variant, prior, budget) of a result: the seeds' final losses, their
+    """One row per point (variant, prior, budget) of a result: the seeds' final losses
+    (``loss``, in seed order) with their Monte Carlo standard errors (``loss_stderr``), their
     mean, Monte Carlo standard error of the mean, spread (std over seeds, ``ddof=1``), the
     number of runs not converged, the steps, and the paired ratio to greedy (tree runs: mean
     over seeds and its spread)."""
@@ -718,7 +719,8 @@ def summarise(data: dict) -> list[dict]:
         loss = np.array([r["final_loss"] for r in records])
         se = np.array([r["final_stderr"] for r in records])
         row = {"variant": variant, "prior": prior, "budget": budget, "seeds": [r["seed"] for r in records],
-               "loss": loss.tolist(), "mean": float(loss.mean()), "stderr": float(np.sqrt((se**2).sum()) / len(loss)),
+               "loss": loss.tolist(), "loss_stderr": se.tolist(), "mean": float(loss.mean()),
+               "stderr": float(np.sqrt((se**2).sum()) / len(loss)),
                "spread": float(loss.std(ddof=1)) if len(loss) > 1 else 0.0,
                "not_converged": int(sum(not r["converged"] for r in records)),
                "steps": [r["steps"] for r in records]}

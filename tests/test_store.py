@@ -61,6 +61,9 @@ def test_run_writes_every_field_and_resumes(tiny):
     rows = {(r["variant"], r["prior"]): r for r in store.summarise(again)}
     assert rows[("B", "gaussian-twin")]["seeds"] == [0, 1] and "ratio_mean" not in rows[("B", "gaussian-twin")]
     assert rows[("A-scratch", "tree")]["ratio_mean"] > 0
+    seed_records = sorted((r for r in again["runs"].values() if r["variant"] == "A-scratch"),
+                          key=lambda r: r["seed"])
+    assert rows[("A-scratch", "tree")]["loss_stderr"] == [r["final_stderr"] for r in seed_records]
     assert "4 of 4 runs stored" in store.provenance_line(again)
     sweep = store.depth_sweep_of(again, ["A-scratch"])
     assert list(sweep.budgets) == [3] and sweep.seed_loss["A-scratch"].shape == (2, 1)
