@@ -797,16 +797,21 @@ def provenance_line(data: dict) -> str:
             f"{', '.join(p['torch'])}, on {'; '.join(p['devices'])}; {p['cpu_seconds'] / 3600:.1f} CPU hours")
 
 
-def depth_sweep_of(data: dict, variants: Sequence[str], prior: str = "tree"):
+def depth_sweep_of(data: dict, variants: Sequence[str], prior: str = "tree", drop_failed: bool = False):
     """A stored depth sweep as a :class:`fvlib.catalogue.DepthSweep` (keys: the variants),
     for :func:`fvlib.plots.training.plot_depth_sweep`; only budgets stored for every seed of
-    every variant are kept, seeds in increasing order."""
+    every variant are kept, seeds in increasing order. ``drop_failed``: also leave out the
+    budgets where a seed of a variant failed by :data:`FAILURE_RULE` (a mean over seeds would
+    mix a failed run into the curve; report those budgets on their own)."""
     from .catalogue import DepthSweep
 
     rows = {(r["variant"], r["budget"]): r for r in summarise(data) if r["prior"] == prior}
     budgets = sorted({b for (v, b) in rows if v in variants})
     seeds = sorted({s for r in rows.values() for s in r["seeds"]})
     budgets = [b for b in budgets if all((v, b) in rows and rows[(v, b)]["seeds"] == seeds for v in variants)]
+    if drop_failed:
+        budgets = [b for b in budgets if not any(failed(data, data["runs"][run_key(v, prior, b, s)])
+                                                 for v in variants for s in seeds)]
     sweep = DepthSweep(budgets=np.array(budgets, dtype=int), seeds=tuple(seeds))
     by_key = data["runs"]
     for v in variants:
@@ -830,7 +835,7 @@ def theory_curves(data: dict, names: Sequence[str], budgets: Sequence[int] | Non
 
 
 def decay_fits(data: dict, variants: Sequence[str], theory_names: Sequence[str] = (), prior: str = "tree",
-               budgets: Sequence[int] | None = None) -> list[dict]:
+               budgets: Sequence[int] | None = None, drop_failed: bool = False) -> list[dict]:
     """Exponential and power-law fits (:func:`fvlib.theory.fits.fit_decay`) of a stored depth
     sweep's curves over ``budgets`` (default: every budget stored for all seeds).
 
@@ -838,8 +843,9 @@ def decay_fits(data: dict, variants: Sequence[str], theory_names: Sequence[str] 
     theory curve of ``theory_names``: ``{"curve", "seed" (an int, or "mean" / "theory"),
     "budgets", "loss" (n,), "fit" (DecayFit), "factor" (the fitted drop factor per extra
     budget, ``1 / fit.exp_base``), "drops" ((n - 1,): loss(M) / loss(M + 1))}``.
+    ``drop_failed``: as in :func:`depth_sweep_of`.
     """
-    sweep = depth_sweep_of(data, variants, prior)
+    sweep = depth_sweep_of(data, variants, prior, drop_failed=drop_failed)
     keep = list(range(len(sweep.budgets))) if budgets is None else \
         [list(sweep.budgets).index(int(b)) for b in budgets]
     x = sweep.budgets[keep]

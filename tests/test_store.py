@@ -282,6 +282,18 @@ def test_failed_runs_by_the_rule_and_point_rows_without_them():
     assert store.failed(refs, {**linear, "config": {"model": "B", "arch": "constrained"}})
 
 
+def test_depth_sweep_drops_the_budgets_with_a_failed_seed_when_asked():
+    theory = {"budgets": [1, 2, 3, 4], "curves": {"nonadaptive_coord": {"mean": [0.6, 0.5, 0.4, 0.3],
+                                                                         "stderr": [0.0] * 4}}}
+    losses = {("A", m, s): 0.5 ** m for m in (1, 2, 3, 4) for s in (0, 1)} | {("A", 3, 1): 2.0}
+    data = _sweep_result(losses, theory)                     # seed 1 fails at M = 3
+    assert store.depth_sweep_of(data, ["A"]).budgets.tolist() == [1, 2, 3, 4]
+    kept = store.depth_sweep_of(data, ["A"], drop_failed=True)
+    assert kept.budgets.tolist() == [1, 2, 4] and kept.loss["A"].tolist() == [0.5, 0.25, 0.0625]
+    (mean,) = [r for r in store.decay_fits(data, ["A"], drop_failed=True) if r["seed"] == "mean"]
+    assert mean["budgets"] == [1, 2, 4] and mean["factor"] == pytest.approx(2.0)
+
+
 def test_stored_reads_the_store_or_recomputes_elsewhere(tiny):
     _, tmp = tiny
     with pytest.raises(store.ResultError, match="experiment run depth-sweep-k6"):
