@@ -57,7 +57,7 @@ from .priors import TreePrior
 from .theory.fits import fit_decay
 from .theory import channel_tau2, evaluate_strategies, noisefree_adaptive_loss, noisefree_nodes_loss, best_fixed_nodes
 from .training import (EVAL_SEED_OFFSET, IMITATION_RECIPE, RECIPE, TRANSFORMER_RECIPE, TrainConfig, curriculum_start,
-                       resolve_device, run_dir_for, theory_reference, train, train_many)
+                       recipe_for, resolve_device, run_dir_for, theory_reference, train, train_many)
 from .workers import worker_pool
 
 __all__ = [
@@ -187,11 +187,16 @@ def _key(variant: str, config: TrainConfig) -> str:
 #: steps begins at an evaluation), the data of seed 0 for every seed (common random numbers:
 #: the seeds differ only in their initial weights), the checkpoints every 500 steps.
 #: ``A-scratch`` is model A with :data:`~fvlib.training.config.RECIPE` (no teacher), ``A-warm`` model A
-#: with :data:`~fvlib.training.config.IMITATION_RECIPE` (the imitation warm start), ``B`` and ``C`` RECIPE
-#: with :data:`STORED_WARM_START_FIELDS`.
+#: with :data:`~fvlib.training.config.IMITATION_RECIPE` (the imitation warm start), ``A-learn`` model A
+#: with the learning recipe of ``python -m fvlib train`` (:func:`~fvlib.training.config.recipe_for`:
+#: :data:`~fvlib.training.config.LEARNING_RECIPE` and its curriculum; no teacher), ``B`` and ``C``
+#: RECIPE with :data:`STORED_WARM_START_FIELDS`.
 def _constrained(variant: str, steps: int = 3000, **task) -> TrainConfig:
-    recipe = {"A-scratch": RECIPE, "A-warm": IMITATION_RECIPE}.get(variant,
-                                                                  {**RECIPE, **STORED_WARM_START_FIELDS})
+    if variant == "A-learn":
+        recipe = recipe_for("constrained", task["prior"], task["alpha"])
+    else:
+        recipe = {"A-scratch": RECIPE, "A-warm": IMITATION_RECIPE}.get(variant,
+                                                                      {**RECIPE, **STORED_WARM_START_FIELDS})
     model = variant.split("-")[0]
     return TrainConfig(model=model, steps=steps, eval_every=steps // 20, eval_contexts=2048,
                        checkpoint_every=500, data_seed=0, device="cpu", **recipe, **task)
@@ -344,6 +349,7 @@ def _transformers_k4(steps: int = 3000, seeds=(0, 1, 2, 3, 4)) -> Experiment:
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     _depth_sweep("depth-sweep-k6", 6, ("A-scratch", "A-warm", "B"), "08_experiments"),
     _depth_sweep("depth-sweep-k7", 7, ("A-scratch", "B"), "08_experiments"),
+    _depth_sweep("depth-sweep-k6-learn", 6, ("A-learn",), "08_experiments"),
     _transformers_k4(),
     _reference_k6(),
     _recipes_a(),
@@ -797,12 +803,32 @@ def provenance_line(data: dict) -> str:
             f"{', '.join(p['torch'])}, on {'; '.join(p['devices'])}; {p['cpu_seconds'] / 3600:.1f} CPU hours")
 
 
-def depth_sweep_of(data: dict, variants: Sequence[str], prior: str = "tree", drop_failed: bool = False):
+def attempt_loss(record: dict, max_steps: int | None = None) -> tuple[float, float]:
+    """A stored run's final loss and its standard error as training ``max_steps`` steps would
+    have left it: the loss of its last attempt (the store trains 3000 steps, then 6000, then
+    12000 while a run has not converged) with at most ``max_steps`` steps. Only the last
+    attempt stores its standard error; an earlier one gets ``nan``. ``None``: the run's
+    final loss."""
+    if max_steps is None:
+        return record["final_loss"], record["final_stderr"]
+    kept = [a for a in record["attempts"] if a["steps"] <= max_steps]
+    if not kept:
+        raise ValueError(f"max_steps={max_steps}: run {record['key']} has no attempt that short "
+                         f"(its first has {record['attempts'][0]['steps']} steps)")
+    last = kept[-1]
+    same = last is record["attempts"][-1]
+    return last["final_loss"], (record["final_stderr"] if same else math.nan)
+
+
+def depth_sweep_of(data: dict, variants: Sequence[str], prior: str = "tree", drop_failed: bool = False,
+                   max_steps: int | None = None):
     """A stored depth sweep as a :class:`fvlib.catalogue.DepthSweep` (keys: the variants),
     for :func:`fvlib.plots.training.plot_depth_sweep`; only budgets stored for every seed of
     every variant are kept, seeds in increasing order. ``drop_failed``: also leave out the
     budgets where a seed of a variant failed by :data:`FAILURE_RULE` (a mean over seeds would
-    mix a failed run into the curve; report those budgets on their own)."""
+    mix a failed run into the curve; report those budgets on their own). ``max_steps``: each
+    run's loss as its last attempt of at most that many steps left it (:func:`attempt_loss`;
+    how much the curve owes to the longer retrains)."""
     from .catalogue import DepthSweep
 
     rows = {(r["variant"], r["budget"]): r for r in summarise(data) if r["prior"] == prior}
@@ -810,14 +836,18 @@ def depth_sweep_of(data: dict, variants: Sequence[str], prior: str = "tree", dro
     seeds = sorted({s for r in rows.values() for s in r["seeds"]})
     budgets = [b for b in budgets if all((v, b) in rows and rows[(v, b)]["seeds"] == seeds for v in variants)]
     if drop_failed:
-        budgets = [b for b in budgets if not any(failed(data, data["runs"][run_key(v, prior, b, s)])
+        def failed_at(record: dict) -> bool:   # judged on the loss the sweep uses
+            return failed(data, {**record, "final_loss": attempt_loss(record, max_steps)[0]})
+
+        budgets = [b for b in budgets if not any(failed_at(data["runs"][run_key(v, prior, b, s)])
                                                  for v in variants for s in seeds)]
     sweep = DepthSweep(budgets=np.array(budgets, dtype=int), seeds=tuple(seeds))
     by_key = data["runs"]
     for v in variants:
         records = [[by_key[run_key(v, prior, b, s)] for b in budgets] for s in seeds]
-        loss = np.array([[r["final_loss"] for r in row] for row in records])
-        se = np.array([[r["final_stderr"] for r in row] for row in records])
+        pairs = np.array([[attempt_loss(r, max_steps) for r in row] for row in records]).reshape(
+            len(seeds), len(budgets), 2)
+        loss, se = pairs[..., 0], pairs[..., 1]
         sweep.seed_loss[v], sweep.seed_stderr[v] = loss, se
         sweep.loss[v] = loss.mean(0)
         sweep.stderr[v] = np.sqrt((se**2).sum(0)) / len(seeds)
@@ -835,7 +865,8 @@ def theory_curves(data: dict, names: Sequence[str], budgets: Sequence[int] | Non
 
 
 def decay_fits(data: dict, variants: Sequence[str], theory_names: Sequence[str] = (), prior: str = "tree",
-               budgets: Sequence[int] | None = None, drop_failed: bool = False) -> list[dict]:
+               budgets: Sequence[int] | None = None, drop_failed: bool = False,
+               max_steps: int | None = None) -> list[dict]:
     """Exponential and power-law fits (:func:`fvlib.theory.fits.fit_decay`) of a stored depth
     sweep's curves over ``budgets`` (default: every budget stored for all seeds).
 
@@ -843,9 +874,10 @@ def decay_fits(data: dict, variants: Sequence[str], theory_names: Sequence[str] 
     theory curve of ``theory_names``: ``{"curve", "seed" (an int, or "mean" / "theory"),
     "budgets", "loss" (n,), "fit" (DecayFit), "factor" (the fitted drop factor per extra
     budget, ``1 / fit.exp_base``), "drops" ((n - 1,): loss(M) / loss(M + 1))}``.
-    ``drop_failed``: as in :func:`depth_sweep_of`.
+    ``drop_failed``, ``max_steps``: as in :func:`depth_sweep_of` (the theory curves do not
+    depend on ``max_steps``).
     """
-    sweep = depth_sweep_of(data, variants, prior, drop_failed=drop_failed)
+    sweep = depth_sweep_of(data, variants, prior, drop_failed=drop_failed, max_steps=max_steps)
     keep = list(range(len(sweep.budgets))) if budgets is None else \
         [list(sweep.budgets).index(int(b)) for b in budgets]
     x = sweep.budgets[keep]

@@ -198,15 +198,20 @@ def test_the_catalogue_defines_every_stored_run_with_its_stored_config(name):
 
 
 def test_the_store_names_its_recipes():
-    """A-scratch has no teacher (RECIPE), A-warm the imitation warm start; B, C and the
+    """A-scratch has no teacher (RECIPE), A-learn neither (the learning recipe), A-warm the
+    imitation warm start; B, C and the
     transformers keep the warm-start fields they were stored with, which act on nothing."""
-    from fvlib.training import IMITATION_RECIPE, RECIPE
+    from fvlib.training import IMITATION_RECIPE, RECIPE, recipe_for
 
     for name in store.experiment_names():
         for r in store.get_experiment(name).runs:
             c = r.config
             if r.variant == "A-scratch":
                 assert {k: getattr(c, k) for k in RECIPE} == RECIPE and not c.warm_starts
+            elif r.variant == "A-learn":   # the learning recipe of `fvlib train`, no teacher
+                want = recipe_for("constrained", c.prior, c.alpha)
+                assert {k: getattr(c, k) for k in want} == want and not c.warm_starts
+                assert c.router_warm_start == 0 and c.expected_loss and c.alpha_start > c.alpha
             elif r.variant == "A-warm":
                 assert {k: getattr(c, k) for k in IMITATION_RECIPE} == IMITATION_RECIPE
                 assert c.warm_starts == (c.prior == "tree")
@@ -292,6 +297,29 @@ def test_depth_sweep_drops_the_budgets_with_a_failed_seed_when_asked():
     assert kept.budgets.tolist() == [1, 2, 4] and kept.loss["A"].tolist() == [0.5, 0.25, 0.0625]
     (mean,) = [r for r in store.decay_fits(data, ["A"], drop_failed=True) if r["seed"] == "mean"]
     assert mean["budgets"] == [1, 2, 4] and mean["factor"] == pytest.approx(2.0)
+
+
+def test_depth_sweep_at_a_shorter_training_reads_the_earlier_attempts():
+    theory = {"budgets": [1, 2, 3], "curves": {"nonadaptive_coord": {"mean": [0.6, 0.5, 0.4],
+                                                                      "stderr": [0.0] * 3}}}
+    data = _sweep_result({("A", m, 0): 0.5 ** m for m in (1, 2, 3)}, theory)
+    for record in data["runs"].values():                 # converged within 50 steps
+        record["steps"], record["attempts"] = 50, [{"steps": 50, "final_loss": record["final_loss"]}]
+    capped = data["runs"][store.run_key("A", "tree", 3, 0)]
+    capped["attempts"] = [{"steps": 50, "final_loss": 0.45}, {"steps": 100, "final_loss": 0.125}]
+    assert store.attempt_loss(capped) == (0.125, capped["final_stderr"])
+    loss, se = store.attempt_loss(capped, 60)
+    assert loss == 0.45 and np.isnan(se)
+    assert store.attempt_loss(capped, 100) == (0.125, capped["final_stderr"])
+    with pytest.raises(ValueError, match="max_steps=40"):
+        store.attempt_loss(capped, 40)
+    assert store.depth_sweep_of(data, ["A"], max_steps=100).loss["A"].tolist() == [0.5, 0.25, 0.125]
+    assert store.depth_sweep_of(data, ["A"], max_steps=60).loss["A"].tolist() == [0.5, 0.25, 0.45]
+    # at 60 steps the M = 3 run is above 0.9 x the coordinates' 0.4: failed there, not at 100
+    assert store.depth_sweep_of(data, ["A"], drop_failed=True, max_steps=60).budgets.tolist() == [1, 2]
+    assert store.depth_sweep_of(data, ["A"], drop_failed=True).budgets.tolist() == [1, 2, 3]
+    (mean,) = [r for r in store.decay_fits(data, ["A"], max_steps=100) if r["seed"] == "mean"]
+    assert mean["factor"] == pytest.approx(2.0)
 
 
 def test_stored_reads_the_store_or_recomputes_elsewhere(tiny):
