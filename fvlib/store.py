@@ -84,6 +84,7 @@ __all__ = [
     "provenance",
     "provenance_summary",
     "provenance_line",
+    "attempt_loss",
     "depth_sweep_of",
     "theory_curves",
     "decay_fits",
