@@ -235,12 +235,15 @@ def _add_experiment_parser(sub) -> None:
     run.add_argument("--root", default=None, help="run root of the checkpoints (default: $FVLIB_RUN_ROOT or ./.fvlib_runs)")
     run.add_argument("--max-items", type=_positive_int("--max-items"), default=None,
                      help="stop after this many work items (resume later)")
+    run.add_argument("--refresh-theory", action="store_true",
+                     help="recompute the stored theory references with today's code (keeps the runs)")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     run.add_argument("--json", action="store_true", help="print one JSON object")
     run.set_defaults(handler=_run_experiment_run)
     check = verbs.add_parser("verify", help="retrain the cheapest stored runs and compare with the store")
     check.add_argument("name")
     check.add_argument("--runs", type=_positive_int("--runs"), default=1, help="how many runs to retrain")
+    check.add_argument("--no-theory", action="store_true", help="do not recompute the theory references")
     check.add_argument("--json", action="store_true", help="print one JSON object")
     check.set_defaults(handler=_run_experiment_verify)
     show = verbs.add_parser("show", help="the stored summary and provenance of an experiment")
@@ -546,7 +549,7 @@ def _run_experiment_run(args) -> dict:
     name = _experiment_name(args.name)
     _writable_dir("--root", run_root(args.root))
     data = run(name, device=args.device, jobs=args.jobs, root=args.root,
-               progress=not args.no_progress, max_items=args.max_items)
+               progress=not args.no_progress, max_items=args.max_items, refresh_theory=args.refresh_theory)
     return {"experiment": args.name, "stored_runs": len(data["runs"]), "planned_runs": len(data["planned_runs"]),
             "not_converged": sum(not r["converged"] for r in data["runs"].values()),
             **({"summary": summarise(data)} if args.json else {})}
@@ -555,17 +558,25 @@ def _run_experiment_run(args) -> dict:
 def _run_experiment_verify(args) -> dict:
     from .store import verify
 
-    result = verify(_experiment_name(args.name), runs=args.runs)
+    result = verify(_experiment_name(args.name), runs=args.runs, theory=not args.no_theory)
+    theory = result["theory"]
     if not result["ok"]:
         bad = [c for c in result["checked"] if not c["ok"]]
-        detail = "; ".join(f"{c['key']}: stored {c['stored']:.6g}, retrained {c['retrained']:.6g}, "
-                           f"tolerance {c['tolerance']:.3g}" for c in bad)
-        raise CliError(f"experiment {args.name} does not reproduce: {detail}")
+        detail = [f"{c['key']}: stored {c['stored']:.6g}, retrained {c['retrained']:.6g}, "
+                  f"tolerance {c['tolerance']:.3g}" for c in bad]
+        if theory and theory["differences"]:
+            diffs = theory["differences"]
+            detail.append(f"{len(diffs)} theory value(s) differ, e.g. {diffs[0]['path']}: stored "
+                          f"{diffs[0]['stored']}, recomputed {diffs[0]['fresh']} (refresh with "
+                          f"`python -m fvlib experiment run {args.name} --refresh-theory`)")
+        raise CliError(f"experiment {args.name} does not reproduce: {'; '.join(detail)}")
     if args.json:
         return result
     return {"experiment": args.name, "ok": True, "configs_rebuilt": result["configs_rebuilt"],
             **{c["key"]: f"stored {c['stored']:.6g}, retrained {c['retrained']:.6g} "
-                         f"(tolerance {c['tolerance']:.3g}, {c['seconds']} s)" for c in result["checked"]}}
+                         f"(tolerance {c['tolerance']:.3g}, {c['seconds']} s)" for c in result["checked"]},
+            "theory": (f"{theory['checked']} stored values recomputed, all within tolerance ({theory['seconds']} s)"
+                       if theory else "not checked")}
 
 
 def _run_experiment_show(args) -> dict:

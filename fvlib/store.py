@@ -26,10 +26,14 @@ transformers at ``K = 4``. Each is an :class:`Experiment` of :data:`EXPERIMENTS`
   stored beside the runs (Monte Carlo on ``THEORY_SAMPLES`` finite-``N`` contexts). Every tree
   run also carries its ratio to the greedy policy on its own evaluation contexts (paired,
   :func:`fvlib.stats.paired_ratio`); the runs of model A on the tree at the reference
-  configuration carry chapter 8's gap table (:func:`fvlib.analysis.gap_table`).
+  configuration carry chapter 8's gap table (:func:`fvlib.analysis.gap_table`). The code and
+  machine of the references are stored as ``theory_provenance`` (files started before that
+  field lack it); ``run(..., refresh_theory=True)`` recomputes them, keeping the runs.
 * **Verification.** :func:`verify` retrains the cheapest stored runs from their stored configs
   and compares their final losses with the stored ones within the tolerance the file states
-  (:data:`TOLERANCE_RULE`).
+  (:data:`TOLERANCE_RULE`), and recomputes the references and compares them
+  (:data:`THEORY_TOLERANCE_RULE`), so that a fix of the theory code that changes a stored
+  reference is noticed.
 
 Nothing in a result file is typed by hand: every number in it is written by :func:`run`.
 """
@@ -78,6 +82,8 @@ __all__ = [
     "summarise",
     "verify",
     "TOLERANCE_RULE",
+    "THEORY_TOLERANCE_RULE",
+    "theory_differences",
     "MAX_DOUBLINGS",
     "THEORY_SAMPLES",
     "ResultError",
@@ -325,9 +331,9 @@ def _recipes_theory(tasks) -> Callable[[], dict]:
     return compute
 
 
-def _transformer_run(variant: str, prior: str, seed: int, steps: int) -> Run:
+def _transformer_run(variant: str, prior: str, seed: int, steps: int, changes: dict | None = None) -> Run:
     arch = "transformer-open" if variant.endswith("open") else "transformer"
-    recipe = {**TRANSFORMER_RECIPE, **STORED_WARM_START_FIELDS}
+    recipe = {**TRANSFORMER_RECIPE, **STORED_WARM_START_FIELDS, **(changes or {})}
     config = TrainConfig(arch=arch, model=variant[0], prior=prior, depth=4, alpha=0.5, n_ctx=64, noise_std=0.0,
                          budget=4, steps=steps, eval_every=steps // 20, eval_contexts=2048, checkpoint_every=500,
                          data_seed=0, seed=seed, device="cpu", **recipe)
@@ -344,6 +350,41 @@ def _transformers_k4(steps: int = 3000, seeds=(0, 1, 2, 3, 4)) -> Experiment:
     return Experiment("transformers-k4", f"chapter 11's larger setting: tree K = 4, alpha = 0.5, N = 64, M = 4, "
                       f"and its twin; bottlenecked A' and B', open A'; seeds {', '.join(map(str, seeds))}; "
                       f"{steps} steps", "11_transformers", items, _reference_theory(task, refs))
+
+
+#: The recipes of :func:`_recipes_transformer`, each the bottlenecked A' from its random
+#: initialisation (no teacher), by the variant its runs are stored under:
+#: :data:`~fvlib.training.config.TRANSFORMER_RECIPE` (``"A'"``, the recipe of ``transformers-k4``),
+#: then one change at a time: the tree curriculum of the constrained models' learning recipe
+#: (``alpha_start`` filled in per task, :func:`~fvlib.training.config.curriculum_start`), 256 query
+#: tokens per context, a residual stream of width 64.
+TRANSFORMER_RECIPE_STEPS = {
+    "A'": {},
+    "A'+curriculum": {"alpha_start": "curriculum"},
+    "A'+queries-256": {"alpha_start": "curriculum", "queries": 256},
+    "A'+width-64": {"alpha_start": "curriculum", "queries": 256, "width": 64},
+}
+
+
+def _recipes_transformer(steps: int = 3000, seeds=(0, 1, 2)) -> Experiment:
+    """What the bottlenecked A' needs to route at ``transformers-k4``'s tree (K = 4, M = 4,
+    N = 64): :data:`TRANSFORMER_RECIPE_STEPS` at a fixed number of steps (no doubling)."""
+    task = dict(depth=4, alpha=0.5, n_ctx=64, noise_std=0.0, budget=4)
+
+    def changes(variant: str) -> dict:
+        out = dict(TRANSFORMER_RECIPE_STEPS[variant])
+        if out.get("alpha_start") == "curriculum":
+            out["alpha_start"] = curriculum_start(task["alpha"])
+        return out
+
+    items = tuple(tuple(_transformer_run(v, "tree", s, steps, changes(v)) for s in seeds)
+                  for v in TRANSFORMER_RECIPE_STEPS)
+    refs = [replace(items[0][0].config, arch="constrained", model=m, width=RECIPE["width"]) for m in ("A", "B")]
+    return Experiment("recipes-transformer-k4", f"the bottlenecked A' on transformers-k4's tree (K = 4, "
+                      f"alpha = 0.5, N = 64, M = 4), {steps} steps, no doubling: its recipe, then one change "
+                      f"at a time (tree curriculum, 256 query tokens, width 64); seeds "
+                      f"{', '.join(map(str, seeds))}", "11_transformers", items, _reference_theory(task, refs),
+                      max_doublings=0)
 
 
 #: The catalogue of named experiments, by name (``python -m fvlib experiment list``).
@@ -658,13 +699,15 @@ class _Lock:
 # Run, summarise, verify
 # ----------------------------------------------------------------------------------------
 def run(name: str, *, device: str = "cpu", jobs: int = 1, root=None, directory=None, progress: bool = True,
-        max_items: int | None = None) -> dict:
+        max_items: int | None = None, refresh_theory: bool = False) -> dict:
     """Train the runs of experiment ``name`` that ``results/NAME.json`` does not hold yet.
 
     ``jobs`` work items at a time (separate processes, one thread each), the cheapest first;
     each finished item's runs are added to the result file at once. ``root``: the run root of the checkpoints
     (default ``$FVLIB_RUN_ROOT`` or ``./.fvlib_runs``). ``max_items``: stop after that many
-    items (e.g. to spread an experiment over sessions). Returns the result dict.
+    items (e.g. to spread an experiment over sessions). The references are computed once, when
+    the file is started; ``refresh_theory`` recomputes them with today's code (after a fix that
+    :func:`verify` reports), keeping the runs. Returns the result dict.
     """
     experiment = get_experiment(name)
     resolve_device(device)
@@ -673,8 +716,12 @@ def run(name: str, *, device: str = "cpu", jobs: int = 1, root=None, directory=N
     path = result_path(name, directory)
     with _Lock(path):
         data = load_result(name, directory) if path.is_file() else _empty_result(experiment)
-        if data.get("theory") is None:
+        if data.get("theory") is None or refresh_theory:
+            wall, cpu = time.perf_counter(), time.process_time()
             data["theory"] = experiment.theory()
+            # the code and machine the references were computed with (absent in files whose
+            # references date from before this field)
+            data["theory_provenance"] = provenance("cpu", time.perf_counter() - wall, time.process_time() - cpu)
             _write(path, data)
         todo = [i for i, item in enumerate(experiment.items) if any(r.key not in data["runs"] for r in item)]
         if max_items is not None:
@@ -745,11 +792,65 @@ def _tolerance(data: dict, record: dict) -> float:
     return max(3 * record["final_stderr"], spread)
 
 
-def verify(name: str, runs: int = 1, *, directory=None, device: str = "cpu", progress: bool = False) -> dict:
+#: How :func:`theory_differences` compares a stored reference value with today's recomputation.
+THEORY_TOLERANCE_RULE = (
+    "the references are recomputed from the experiment's definition (the same Monte Carlo seeds): "
+    "a Monte Carlo mean must land within 3 of its stored standard errors, a standard error within "
+    "10% of itself (another CPU can break a near tie of a policy's choice differently in a few "
+    "contexts), every other number (closed forms, counts) within a relative 1e-6, and every name "
+    "must be the same")
+
+
+def _numbers(tree, path: str = "") -> dict:
+    """The leaves of a JSON-able ``tree`` by path (``"curves/adaptive_opt/mean/3"``)."""
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in _numbers(sub, f"{path}/{key}").items()}
+    if isinstance(tree, list):
+        return {k: v for i, sub in enumerate(tree) for k, v in _numbers(sub, f"{path}/{i}").items()}
+    return {path.lstrip("/"): tree}
+
+
+def _stderr_path(path: str) -> str | None:
+    """The path of the standard error stored beside a Monte Carlo mean (``mean`` or ``value``)."""
+    parts = path.split("/")
+    for i in range(len(parts) - 1, -1, -1):
+        if parts[i] in ("mean", "value"):
+            return "/".join(parts[:i] + ["stderr"] + parts[i + 1:])
+    return None
+
+
+def theory_differences(stored: dict, fresh: dict) -> list[dict]:
+    """Where a recomputed theory ``fresh`` differs from the ``stored`` one, by
+    :data:`THEORY_TOLERANCE_RULE`: one ``{"path", "stored", "fresh", "tolerance"}`` per leaf that
+    differs (a leaf present in only one of them counts, with ``None`` for the missing side)."""
+    old, new = _numbers(stored), _numbers(fresh)
+    out = []
+    for path in sorted(set(old) | set(new)):
+        a, b = old.get(path), new.get(path)
+        numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (a, b))
+        if not numeric:
+            if a != b:
+                out.append({"path": path, "stored": a, "fresh": b, "tolerance": 0.0})
+            continue
+        se = old.get(_stderr_path(path) or "")
+        tol = 1e-6 * (1 + abs(a))
+        if isinstance(se, (int, float)) and math.isfinite(se):
+            tol = max(tol, 3 * se)
+        elif "stderr" in path.split("/"):
+            tol = max(tol, 0.1 * abs(a))
+        if not (abs(a - b) <= tol or (a != a and b != b)):   # nan == nan here
+            out.append({"path": path, "stored": a, "fresh": b, "tolerance": tol})
+    return out
+
+
+def verify(name: str, runs: int = 1, *, directory=None, device: str = "cpu", progress: bool = False,
+           theory: bool = True) -> dict:
     """Retrain the ``runs`` cheapest stored runs of ``name`` from their stored configs (alone,
     in memory, on the current thread count) and compare their final losses with the stored ones
-    (:data:`TOLERANCE_RULE`). Returns ``{"experiment", "ok", "checked": [...]}``; every stored
-    config is also rebuilt (``TrainConfig.from_dict`` and its model) first."""
+    (:data:`TOLERANCE_RULE`); with ``theory`` also recompute the stored references and compare
+    them (:func:`theory_differences`). Returns ``{"experiment", "ok", "checked": [...],
+    "configs_rebuilt", "theory": {"checked", "differences": [...], "seconds"} or None}``; every
+    stored config is also rebuilt (``TrainConfig.from_dict`` and its model) first."""
     if not isinstance(runs, int) or isinstance(runs, bool) or runs < 1:
         raise ValueError(f"runs must be a positive integer, got {runs!r}")
     data = load_result(name, directory)
@@ -769,8 +870,20 @@ def verify(name: str, runs: int = 1, *, directory=None, device: str = "cpu", pro
         checked.append({"key": key, "stored": record["final_loss"], "retrained": result.final_loss,
                         "difference": diff, "tolerance": tol, "ok": bool(diff <= tol),
                         "seconds": round(time.perf_counter() - start, 1)})
-    return {"experiment": name, "ok": all(c["ok"] for c in checked), "checked": checked,
-            "configs_rebuilt": len(configs)}
+    theory_check = _check_theory(name, data) if theory else None
+    ok = all(c["ok"] for c in checked) and not (theory_check and theory_check["differences"])
+    return {"experiment": name, "ok": ok, "checked": checked, "configs_rebuilt": len(configs),
+            "theory": theory_check}
+
+
+def _check_theory(name: str, data: dict) -> dict:
+    start = time.perf_counter()
+    if data.get("theory") is None:
+        return {"checked": 0, "differences": [{"path": "theory", "stored": None, "fresh": "missing",
+                                               "tolerance": 0.0}], "seconds": 0.0}
+    fresh = get_experiment(name).theory()
+    return {"checked": len(_numbers(data["theory"])), "differences": theory_differences(data["theory"], fresh),
+            "seconds": round(time.perf_counter() - start, 1)}
 
 
 def provenance_summary(data: dict) -> dict:
@@ -899,6 +1012,8 @@ def decay_fits(data: dict, variants: Sequence[str], theory_names: Sequence[str] 
 _SWEEP_TABLE_ROWS = {
     "mean loss": lambda q, best: q["mean"],
     "sd over seeds": lambda q, best: q["spread"],
+    "failed seeds": lambda q, best: len(q["failed"]),
+    "mean without failed": lambda q, best: q["mean_ok"],
     "/ best adaptive": lambda q, best: q["mean"] / best,
     "/ greedy, paired": lambda q, best: q.get("ratio_mean", ""),
     "steps": lambda q, best: "/".join(f"{s // 1000}k" for s in q["steps"]),
@@ -909,9 +1024,10 @@ _SWEEP_TABLE_ROWS = {
 def sweep_table_rows(data: dict, variants: Sequence[str], theory_names: Sequence[str], prior: str = "tree") -> list[list]:
     """The rows of a stored depth sweep's table, one column per budget of its theory curves.
 
-    For each variant: ``"<variant>: mean loss"``, ``": sd over seeds"``, ``": / best adaptive"``
-    (mean over seeds divided by the smaller of the ``adaptive_greedy`` and ``adaptive_opt``
-    theory curves), ``": / greedy, paired"`` (mean over seeds of each run's ratio to greedy on its
+    For each variant: ``"<variant>: mean loss"``, ``": sd over seeds"``, ``": failed seeds"`` (a
+    count, :func:`failed`), ``": mean without failed"`` (``nan`` when every seed failed),
+    ``": / best adaptive"`` (mean over seeds divided by the smaller of the ``adaptive_greedy`` and
+    ``adaptive_opt`` theory curves), ``": / greedy, paired"`` (mean over seeds of each run's ratio to greedy on its
     own contexts), ``": steps"`` (per seed, in thousands) and ``": not converged"`` (a count).
     A budget not stored for every seed of a variant is ``""`` in that variant's rows (a point
     stored for some seeds only is left out, as :func:`depth_sweep_of` leaves it out). Then one

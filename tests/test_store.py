@@ -87,6 +87,29 @@ def test_verify_reproduces_and_fails_on_a_changed_number(tiny):
     assert main(["experiment", "verify", "depth-sweep-k6"]) == 2
 
 
+def test_verify_recomputes_the_theory_and_run_refreshes_it(tiny, capsys):
+    """A stored reference that today's code no longer gives fails verification (the runs still
+    reproduce), and `experiment run --refresh-theory` recomputes it, keeping the runs."""
+    _, tmp = tiny
+    store.run("depth-sweep-k6", progress=False)
+    report = store.verify("depth-sweep-k6", runs=1)
+    assert report["ok"] and report["theory"]["differences"] == [] and report["theory"]["checked"] > 30
+    path = tmp / "results" / "depth-sweep-k6.json"
+    data = json.loads(path.read_text())
+    assert data["theory_provenance"]["commit"] == data["runs"]["B/gaussian-twin/M3/seed0"]["provenance"]["commit"]
+    data["theory"]["curves"]["nonadaptive_opt"]["mean"][1] += 0.1      # a reference of older code
+    path.write_text(json.dumps(data))
+    report = store.verify("depth-sweep-k6", runs=1)
+    assert report["checked"][0]["ok"] and not report["ok"]
+    assert [d["path"] for d in report["theory"]["differences"]] == ["curves/nonadaptive_opt/mean/1"]
+    assert store.verify("depth-sweep-k6", runs=1, theory=False)["ok"]
+    assert main(["experiment", "verify", "depth-sweep-k6"]) == 2
+    assert "--refresh-theory" in capsys.readouterr().err
+    assert main(["experiment", "run", "depth-sweep-k6", "--refresh-theory", "--no-progress"]) == 0
+    fresh = json.loads(path.read_text())
+    assert fresh["runs"] == data["runs"] and store.verify("depth-sweep-k6", runs=1)["ok"]
+
+
 def test_load_result_refuses_missing_corrupt_and_foreign_files(tiny, capsys):
     _, tmp = tiny
     with pytest.raises(store.ResultError, match="experiment run depth-sweep-k6"):
@@ -199,9 +222,9 @@ def test_the_catalogue_defines_every_stored_run_with_its_stored_config(name):
 
 def test_the_store_names_its_recipes():
     """A-scratch has no teacher (RECIPE), A-learn neither (the learning recipe), A-warm the
-    imitation warm start; B, C and the
-    transformers keep the warm-start fields they were stored with, which act on nothing."""
-    from fvlib.training import IMITATION_RECIPE, RECIPE, recipe_for
+    imitation warm start; the bottlenecked A' its recipe and the stated changes only; B, C and the
+    other transformers keep the warm-start fields they were stored with, which act on nothing."""
+    from fvlib.training import IMITATION_RECIPE, RECIPE, TRANSFORMER_RECIPE, curriculum_start, recipe_for
 
     for name in store.experiment_names():
         for r in store.get_experiment(name).runs:
@@ -215,6 +238,14 @@ def test_the_store_names_its_recipes():
             elif r.variant == "A-warm":
                 assert {k: getattr(c, k) for k in IMITATION_RECIPE} == IMITATION_RECIPE
                 assert c.warm_starts == (c.prior == "tree")
+            elif r.variant in store.TRANSFORMER_RECIPE_STEPS:   # A' (transformers-k4, recipes-transformer-k4)
+                assert c.arch == "transformer" and c.model == "A" and not c.warm_starts
+                assert c.router_warm_start == IMITATION_RECIPE["router_warm_start"]   # stored field, acts on nothing
+                base = TRANSFORMER_RECIPE
+                changes = {k: v for k, v in c.to_dict().items() if k in base and v != base[k]}
+                changes |= {"alpha_start": c.alpha_start} if c.alpha_start is not None else {}
+                assert set(changes) == set(store.TRANSFORMER_RECIPE_STEPS[r.variant]), (r.key, changes)
+                assert c.alpha_start in (None, curriculum_start(c.alpha))
             elif r.variant in store.RECIPE_STEPS:   # recipes-a: RECIPE and its changes, no teacher
                 assert c.router_warm_start == 0 and not c.warm_starts and c.model == "A"
                 base = {**RECIPE, "batch": 256}
@@ -269,7 +300,14 @@ def test_sweep_table_rows_blank_a_budget_not_stored_for_every_seed():
     assert rows["A: / best adaptive"] == [pytest.approx(0.4 / 0.4), ""]      # best: min(greedy, opt) per budget
     assert rows["A: sd over seeds"][0] == pytest.approx(np.std([0.3, 0.5], ddof=1))
     assert rows["A: steps"] == ["0k/0k", ""] and rows["A: not converged"] == [0, ""]
+    # both seeds at M = 1 end 10% below the heap-order coordinates (0.9): none failed
+    assert rows["A: failed seeds"] == [0, ""] and rows["A: mean without failed"] == [pytest.approx(0.4), ""]
     assert rows["theory: adaptive_opt"] == [0.5, 0.1] and "theory: adaptive_greedy" not in rows
+    curves["nonadaptive_coord"]["mean"] = [0.5, 0.9]                          # now 0.5 fails at M = 1
+    rows = {r[0]: r[1:] for r in store.sweep_table_rows(_sweep_result(losses, {"budgets": [1, 2], "curves": curves}),
+                                                        ["A"], [])}
+    assert rows["A: failed seeds"][0] == 1 and rows["A: mean without failed"][0] == pytest.approx(0.3)
+    assert rows["A: mean loss"][0] == pytest.approx(0.4)                     # the mean keeps every seed
 
 
 def test_failed_runs_by_the_rule_and_point_rows_without_them():
@@ -375,3 +413,23 @@ def test_the_readme_store_table_is_the_stored_provenance():
         summary = store.provenance_summary(data)
         assert (int(runs), int(planned)) == (summary["runs"], len(data["planned_runs"])), name
         assert float(hours) == round(summary["cpu_seconds"] / 3600, 1), name
+
+
+def test_theory_differences_follow_the_stated_rule():
+    """A Monte Carlo mean may move within 3 stored standard errors, a standard error by 10%,
+    anything else by a relative 1e-6; a changed name or a missing value is a difference."""
+    stored = {"curves": {"g": {"mean": [0.5, 0.2], "stderr": [0.01, 0.01]}}, "tau2": 0.25,
+              "A/tree": {"name": "adaptive_greedy", "value": 0.1, "stderr": 0.002}, "budgets": [1, 2]}
+    same = json.loads(json.dumps(stored))
+    assert store.theory_differences(stored, same) == []
+    moved = json.loads(json.dumps(stored))
+    moved["curves"]["g"]["mean"][1] = 0.2 + 0.029           # within 3 s.e.
+    moved["curves"]["g"]["stderr"][0] = 0.0105              # within 10%
+    moved["A/tree"]["value"] = 0.1 - 0.0059
+    assert store.theory_differences(stored, moved) == []
+    moved["curves"]["g"]["mean"][0] = 0.5 + 0.031           # beyond 3 s.e.
+    moved["tau2"] = 0.25 * (1 + 1e-5)                       # a closed form that moved
+    moved["A/tree"]["name"] = "adaptive_opt"
+    del moved["budgets"][1]
+    paths = [d["path"] for d in store.theory_differences(stored, moved)]
+    assert paths == ["A/tree/name", "budgets/1", "curves/g/mean/0", "tau2"], paths
