@@ -72,7 +72,7 @@ from .theory import (
 )
 from .theory.adaptive_opt import GreedyRule
 from .training import TrainConfig, build_prior
-from .training.evaluate import model_predictor, per_context_errors, sample_eval_batches
+from .training.evaluate import per_context_errors, per_context_losses, sample_eval_batches
 
 __all__ = [
     "depth_sweep_theory",
@@ -442,14 +442,17 @@ def greedy_paired(model, config: TrainConfig, *, contexts: int, seed: int) -> di
     check_seed("seed", seed)
     tree = build_prior(config)
     batches = sample_eval_batches(tree, config.n_ctx, config.noise_std, contexts, seed)
-    errors = per_context_errors({"model": model_predictor(model),
-                                 "greedy": strategy_predictor("adaptive_greedy", tree, config.budget)}, batches)
-    model_mean, model_se = mean_and_stderr(errors["model"])
-    mean, se = mean_and_stderr(errors["greedy"])
-    ratio, ratio_se = paired_ratio(errors["model"], errors["greedy"])
+    # the model's per-context excess loss as evaluate() scores it: |theta_hat - theta|^2 for a
+    # constrained model, the query-token error against <theta, x_q> for a standard transformer
+    model_errors = per_context_losses(model, batches)[0]
+    greedy = per_context_errors({"greedy": strategy_predictor("adaptive_greedy", tree, config.budget)},
+                                batches)["greedy"]
+    model_mean, model_se = mean_and_stderr(model_errors)
+    mean, se = mean_and_stderr(greedy)
+    ratio, ratio_se = paired_ratio(model_errors, greedy)
     return {"model_loss": float(model_mean), "model_stderr": float(model_se), "greedy_loss": float(mean),
             "greedy_stderr": float(se), "ratio": ratio, "ratio_stderr": ratio_se,
-            "contexts": int(errors["model"].numel())}
+            "contexts": int(model_errors.numel())}
 
 
 def gap_table(model, config: TrainConfig, *, contexts: int = 4000, seed: int = 0, policy=None,

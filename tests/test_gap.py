@@ -260,3 +260,18 @@ def test_greedy_paired_is_on_the_evaluate_contexts():
                       contexts=10, seed=0)
     with pytest.raises(ValueError):
         greedy_paired(model, config, contexts=1, seed=0)
+
+
+def test_greedy_paired_takes_a_standard_transformer():
+    """A standard transformer predicts y at its query tokens, not theta_hat: its paired loss is
+    evaluate()'s (the query error against <theta, x_q>), beside greedy on the same contexts."""
+    from fvlib.analysis import greedy_paired
+    from fvlib.training import build_model, evaluate
+    config = TrainConfig(arch="transformer", model="A", depth=3, budget=2, n_ctx=16, noise_std=0.0, steps=1,
+                         width=16)
+    model = build_model(config)
+    tree = TreePrior(3, config.alpha)
+    out = greedy_paired(model, config, contexts=300, seed=4)
+    ev = evaluate(model, tree, 16, 0.0, contexts=300, seed=4)
+    assert out["contexts"] == 300 and out["model_loss"] == pytest.approx(ev["excess_loss"], rel=1e-12)
+    assert out["ratio"] == pytest.approx(out["model_loss"] / out["greedy_loss"], rel=1e-9)
