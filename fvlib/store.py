@@ -395,6 +395,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     _transformers_k4(),
     _reference_k6(),
     _recipes_a(),
+    _recipes_transformer(),
 )}
 
 
