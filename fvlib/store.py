@@ -717,6 +717,9 @@ def run(name: str, *, device: str = "cpu", jobs: int = 1, root=None, directory=N
     path = result_path(name, directory)
     with _Lock(path):
         data = load_result(name, directory) if path.is_file() else _empty_result(experiment)
+        # a definition that grew (runs added to the catalogue) plans its new runs too
+        data["planned_runs"] = [r.key for r in experiment.runs]
+        data["description"] = experiment.description
         if data.get("theory") is None or refresh_theory:
             wall, cpu = time.perf_counter(), time.process_time()
             data["theory"] = experiment.theory()

@@ -433,3 +433,18 @@ def test_theory_differences_follow_the_stated_rule():
     del moved["budgets"][1]
     paths = [d["path"] for d in store.theory_differences(stored, moved)]
     assert paths == ["A/tree/name", "budgets/1", "curves/g/mean/0", "tau2"], paths
+
+
+def test_run_plans_the_runs_a_grown_definition_adds(tiny, monkeypatch):
+    """Runs added to an experiment's definition after its file was started are planned (and
+    trained) by the next `experiment run`; the stored runs stay as they are."""
+    experiment, tmp = tiny
+    first = store.run("depth-sweep-k6", progress=False, max_items=1)
+    assert len(first["planned_runs"]) == 4
+    grown = replace(experiment, items=experiment.items + (_tiny_item("A-scratch", "tree", (2,)),))
+    monkeypatch.setitem(store.EXPERIMENTS, "depth-sweep-k6", grown)
+    data = store.run("depth-sweep-k6", progress=False)
+    assert data["planned_runs"] == [r.key for r in grown.runs] and len(data["planned_runs"]) == 5
+    stored = json.loads((tmp / "results" / "depth-sweep-k6.json").read_text())
+    assert stored["planned_runs"] == data["planned_runs"] and len(stored["runs"]) == 5
+    assert all(stored["runs"][k] == v for k, v in first["runs"].items())
