@@ -61,7 +61,7 @@ from .priors import TreePrior
 from .theory.fits import fit_decay
 from .theory import channel_tau2, evaluate_strategies, noisefree_adaptive_loss, noisefree_nodes_loss, best_fixed_nodes
 from .training import (EVAL_SEED_OFFSET, IMITATION_RECIPE, RECIPE, TRANSFORMER_RECIPE, TrainConfig, curriculum_start,
-                       recipe_for, resolve_device, run_dir_for, theory_reference, train, train_many)
+                       recipe_for, resolve_device, run_dir_for, theory_reference, train_many)
 from .workers import worker_pool
 
 __all__ = [
@@ -849,8 +849,9 @@ def theory_differences(stored: dict, fresh: dict) -> list[dict]:
 
 def verify(name: str, runs: int = 1, *, directory=None, device: str = "cpu", progress: bool = False,
            theory: bool = True) -> dict:
-    """Retrain the ``runs`` cheapest stored runs of ``name`` from their stored configs (alone,
-    in memory, on the current thread count) and compare their final losses with the stored ones
+    """Retrain the ``runs`` cheapest stored runs of ``name`` from their stored configs (in
+    memory, on the current thread count, batched as they were trained: in a stack, or alone in
+    :func:`~fvlib.training.batched.train_many`, so that the same CPU gives the same bits) and compare their final losses with the stored ones
     (:data:`TOLERANCE_RULE`); with ``theory`` also recompute the stored references and compare
     them (:func:`theory_differences`). Returns ``{"experiment", "ok", "checked": [...],
     "configs_rebuilt", "theory": {"checked", "differences": [...], "seconds"} or None}``; every
@@ -868,7 +869,10 @@ def verify(name: str, runs: int = 1, *, directory=None, device: str = "cpu", pro
     for key in chosen:
         record = data["runs"][key]
         start = time.perf_counter()
-        result = train(replace(configs[key], device=device), progress=progress)
+        # trained as it was stored: in a stack of models (any stack of two or more gives the
+        # same numbers) or alone in train_many, so that the same CPU reproduces it bit for bit
+        stack = min(2, _stack_size(data, record))
+        result = train_many([replace(configs[key], device=device)] * stack, progress=progress)[0]
         tol = _tolerance(data, record)
         diff = abs(result.final_loss - record["final_loss"])
         checked.append({"key": key, "stored": record["final_loss"], "retrained": result.final_loss,
@@ -878,6 +882,15 @@ def verify(name: str, runs: int = 1, *, directory=None, device: str = "cpu", pro
     ok = all(c["ok"] for c in checked) and not (theory_check and theory_check["differences"])
     return {"experiment": name, "ok": ok, "checked": checked, "configs_rebuilt": len(configs),
             "theory": theory_check}
+
+
+def _stack_size(data: dict, record: dict) -> int:
+    """How many models the last attempt of a stored run was trained with in one
+    :func:`~fvlib.training.batched.train_many` call: the runs of its work item that made an
+    attempt of the same length (:func:`_train_item` trains them together)."""
+    item = record["provenance"].get("item")
+    siblings = [r for r in data["runs"].values() if r["provenance"].get("item") == item] if item else [record]
+    return sum(any(a["steps"] == record["steps"] for a in r["attempts"]) for r in siblings)
 
 
 def _check_theory(name: str, data: dict) -> dict:
