@@ -62,6 +62,8 @@ from .theory.fits import fit_decay
 from .theory import channel_tau2, evaluate_strategies, noisefree_adaptive_loss, noisefree_nodes_loss, best_fixed_nodes
 from .training import (EVAL_SEED_OFFSET, IMITATION_RECIPE, RECIPE, TRANSFORMER_RECIPE, TrainConfig, curriculum_start,
                        recipe_for, resolve_device, run_dir_for, theory_reference, train_many)
+from .training.checkpoint import load_history
+from .training.rundir import RunDirError, has_checkpoint
 from .workers import worker_pool
 
 __all__ = [
@@ -529,6 +531,21 @@ def _attempt(result) -> dict:
             "converged": converged(result.history, result.config.steps)}
 
 
+def _seconds_spent(dirs) -> float:
+    """The wall seconds that earlier processes spent training one stack of runs, read from the
+    history of their checkpoints (which carries the training time over a resume; the largest
+    over the stack, whose models train together); 0 for runs not started."""
+    spent = 0.0
+    for d in dirs:
+        if has_checkpoint(d):
+            try:
+                history = load_history(d)
+            except RunDirError:   # a broken directory: train_many starts it over
+                continue
+            spent = max(spent, float(history[-1].get("seconds", 0.0)) if history else 0.0)
+    return spent
+
+
 def _train_item(args) -> list[dict]:
     """Worker: train one work item (its runs in one ``train_many`` call, on one thread), train
     the runs that have not converged again with twice the steps (together, in one
@@ -539,7 +556,9 @@ def _train_item(args) -> list[dict]:
     item = experiment.items[index]
     wall, cpu, code = time.perf_counter(), time.process_time(), _git_commit()
     configs = [replace(r.config, device=device) for r in item]
-    results = train_many(configs, [run_dir_for(c, root) for c in configs], progress=progress)
+    dirs = [run_dir_for(c, root) for c in configs]
+    resumed = _seconds_spent(dirs)
+    results = train_many(configs, dirs, progress=progress)
     attempts = [[_attempt(r)] for r in results]
     for _ in range(experiment.max_doublings):
         todo = [i for i, a in enumerate(attempts) if not a[-1]["converged"]]
@@ -547,12 +566,16 @@ def _train_item(args) -> list[dict]:
             break
         longer = [replace(results[i].config, steps=2 * results[i].config.steps,
                           eval_every=2 * results[i].config.steps // 20) for i in todo]
-        for i, result in zip(todo, train_many(longer, [run_dir_for(c, root) for c in longer], progress=progress)):
+        dirs = [run_dir_for(c, root) for c in longer]
+        resumed += _seconds_spent(dirs)
+        for i, result in zip(todo, train_many(longer, dirs, progress=progress)):
             results[i] = result
             attempts[i].append(_attempt(result))
     records = [_record(run_, result, tries, run_.variant in experiment.gap_variants)
                for run_, result, tries in zip(item, results, attempts)]
-    prov = provenance(device, time.perf_counter() - wall, time.process_time() - cpu, code)
+    # a resumed item also cost what earlier processes spent (one thread: their CPU ~ their wall)
+    prov = provenance(device, time.perf_counter() - wall + resumed, time.process_time() - cpu + resumed, code)
+    prov["resumed_seconds"] = round(resumed, 2)
     prov["runs_in_item"] = len(item)
     prov["item"] = f"{name}#{index}@{prov['date']}"
     for r in records:

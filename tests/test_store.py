@@ -460,3 +460,18 @@ def test_verify_stacks_a_run_as_its_last_attempt_was_trained():
             "d": record("y", 3000)}
     data = {"runs": runs}
     assert [store._stack_size(data, runs[k]) for k in "abcd"] == [3, 2, 1, 1]
+
+
+def test_a_resumed_item_counts_the_time_earlier_processes_spent(tiny):
+    """An item whose runs were started by an earlier process (killed) resumes from their
+    checkpoints; its provenance adds the training time their histories carry."""
+    from fvlib.training import run_dir_for, train_many
+    experiment, tmp = tiny
+    item = experiment.items[0]
+    configs = [r.config for r in item]
+    train_many(configs, [run_dir_for(c, tmp / "runs") for c in configs], until_step=20, progress=False)
+    data = store.run("depth-sweep-k6", progress=False, max_items=2)
+    prov = data["runs"][item[0].key]["provenance"]
+    assert prov["resumed_seconds"] > 0 and prov["cpu_seconds"] >= prov["resumed_seconds"]
+    fresh = data["runs"][experiment.items[1][0].key]["provenance"]
+    assert fresh["resumed_seconds"] == 0.0
