@@ -76,6 +76,7 @@ __all__ = [
     "result_path",
     "converged",
     "last_fifth_drop",
+    "doubling_gain",
     "estimate_seconds",
     "run",
     "run_key",
@@ -444,6 +445,17 @@ def last_fifth_drop(history: Sequence[dict], steps: int) -> float:
     if not (math.isfinite(before) and math.isfinite(after)):
         return math.nan
     return 0.0 if before <= 0 else (before - after) / before
+
+
+def doubling_gain(record: dict) -> float:
+    """How much the run's last doubling lowered its final loss, relative: ``1 - last / previous``
+    over its last two attempts (negative when the longer run ended higher; ``nan`` for a run
+    trained once). It tells what more steps bought, where :func:`last_fifth_drop` also counts
+    the fall of the loss while a cosine schedule anneals the learning rate to zero."""
+    attempts = record["attempts"]
+    if len(attempts) < 2:
+        return math.nan
+    return 1.0 - attempts[-1]["final_loss"] / attempts[-2]["final_loss"]
 
 
 def converged(history: Sequence[dict], steps: int) -> bool:
@@ -1117,7 +1129,7 @@ def failed(data: dict, record: dict) -> bool:
 def point_rows(data: dict) -> list[dict]:
     """:func:`summarise` with the failures of each point: ``failed`` (the seeds that failed by
     :data:`FAILURE_RULE`), ``mean_ok`` / ``spread_ok`` over the other seeds (``nan`` if none),
-    and each seed's ``last_fifth_drop``."""
+    and each seed's ``last_fifth_drop`` and ``doubling_gain``."""
     rows, points = summarise(data), _records_by_point(data)
     for row in rows:
         records = points[row["variant"], row["prior"], row["budget"]]
@@ -1125,6 +1137,7 @@ def point_rows(data: dict) -> list[dict]:
         ok = np.array([r["final_loss"] for r, b in zip(records, bad) if not b])
         row["failed"] = [r["seed"] for r, b in zip(records, bad) if b]
         row["last_fifth_drop"] = [last_fifth_drop(r["history"], r["steps"]) for r in records]
+        row["doubling_gain"] = [doubling_gain(r) for r in records]
         row["mean_ok"] = float(ok.mean()) if len(ok) else math.nan
         row["spread_ok"] = float(ok.std(ddof=1)) if len(ok) > 1 else math.nan
     return rows

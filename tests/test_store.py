@@ -262,6 +262,15 @@ def test_last_fifth_drop_is_the_relative_fall():
     assert store.last_fifth_drop(hist[:-1], 100) != store.last_fifth_drop(hist[:-1], 100)  # nan: unfinished
 
 
+def test_doubling_gain_compares_the_last_two_attempts():
+    record = {"attempts": [{"steps": 3000, "final_loss": 0.5}, {"steps": 6000, "final_loss": 0.4},
+                           {"steps": 12000, "final_loss": 0.3}]}
+    assert store.doubling_gain(record) == pytest.approx(0.25)
+    record["attempts"][-1]["final_loss"] = 0.44          # the longer run ended higher
+    assert store.doubling_gain(record) == pytest.approx(-0.1)
+    assert np.isnan(store.doubling_gain({"attempts": record["attempts"][:1]}))
+
+
 def _sweep_result(losses: dict, theory: dict) -> dict:
     """A result dict with the given final losses {(variant, budget, seed): loss}."""
     runs = {}
@@ -269,6 +278,7 @@ def _sweep_result(losses: dict, theory: dict) -> dict:
         key = store.run_key(variant, "tree", budget, seed)
         runs[key] = {"key": key, "variant": variant, "prior": "tree", "budget": budget, "seed": seed,
                      "final_loss": loss, "final_stderr": 0.01 * loss, "converged": True, "steps": 100,
+                     "attempts": [{"steps": 100, "final_loss": loss, "converged": True}],
                      "history": [{"step": 80, "eval_excess_loss": loss}, {"step": 100, "eval_excess_loss": loss}]}
     return {"experiment": "x", "planned_runs": list(runs), "runs": runs, "theory": theory}
 
