@@ -580,11 +580,14 @@ def _run_experiment_verify(args) -> dict:
 
 
 def _run_experiment_show(args) -> dict:
-    from .store import load_result, provenance_summary, summarise
+    from .store import get_experiment, load_result, provenance_summary, runs_to_double, summarise
 
     data = load_result(_experiment_name(args.name))
     out = {"experiment": args.name, "description": data["description"], "stored_runs": len(data["runs"]),
-           "planned_runs": len(data["planned_runs"]), "provenance": provenance_summary(data)}
+           "planned_runs": len(data["planned_runs"]),
+           # runs still falling that the definition allows to double again (`experiment run`)
+           "runs_to_double": len(runs_to_double(data, get_experiment(args.name))),
+           "provenance": provenance_summary(data)}
     if args.json:
         return {**out, "summary": summarise(data), "theory": data["theory"]}
     for row in summarise(data):

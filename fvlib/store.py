@@ -77,6 +77,7 @@ __all__ = [
     "converged",
     "last_fifth_drop",
     "doubling_gain",
+    "runs_to_double",
     "estimate_seconds",
     "run",
     "run_key",
@@ -261,14 +262,15 @@ def _reference_theory(task: dict, arch_runs: Sequence[TrainConfig]):
     return compute
 
 
-def _depth_sweep(name: str, depth: int, variants: Sequence[str], chapter: str, seeds=(0, 1, 2)) -> Experiment:
+def _depth_sweep(name: str, depth: int, variants: Sequence[str], chapter: str, seeds=(0, 1, 2),
+                 max_doublings: int = MAX_DOUBLINGS) -> Experiment:
     task = dict(prior="tree", depth=depth, alpha=0.5, n_ctx=128, noise_std=0.0)
     budgets = range(1, depth + 1)
     items = tuple(_seeds(v, seeds, budget=m, **task) for v in variants for m in budgets)
     described = ", ".join(variants)
     return Experiment(name, f"tree K = {depth}, alpha = 0.5, N = 128, sigma = 0; budgets 1..{depth}; "
                             f"{described}; seeds {', '.join(map(str, seeds))}; 3000 steps",
-                      chapter, items, _tree_theory(depth, 0.5, 128, 0.0, budgets))
+                      chapter, items, _tree_theory(depth, 0.5, 128, 0.0, budgets), max_doublings=max_doublings)
 
 
 def _reference_k6() -> Experiment:
@@ -394,7 +396,8 @@ def _recipes_transformer(steps: int = 3000, seeds=(0, 1, 2)) -> Experiment:
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     _depth_sweep("depth-sweep-k6", 6, ("A-scratch", "A-warm", "B"), "08_experiments"),
     _depth_sweep("depth-sweep-k7", 7, ("A-scratch", "B"), "08_experiments"),
-    _depth_sweep("depth-sweep-k6-learn", 6, ("A-learn",), "08_experiments"),
+    # three doublings (to 24000 steps): its runs still falling at 12000 were doubled again
+    _depth_sweep("depth-sweep-k6-learn", 6, ("A-learn",), "08_experiments", max_doublings=3),
     _transformers_k4(),
     _reference_k6(),
     _recipes_a(),
@@ -561,38 +564,68 @@ def _seconds_spent(dirs) -> float:
 def _train_item(args) -> list[dict]:
     """Worker: train one work item (its runs in one ``train_many`` call, on one thread), train
     the runs that have not converged again with twice the steps (together, in one
-    ``train_many`` call per doubling), analyse each run; returns the records."""
-    name, index, root, device, progress = args
+    ``train_many`` call per doubling), analyse each run; returns the records.
+
+    ``args``: ``(name, index, root, device, progress, stored)``; ``stored`` (``None`` for a new
+    item) holds the item's stored records when the experiment allows more doublings than they
+    had (:func:`runs_to_double`): then only those runs are trained, from their last attempt's
+    steps doubled, and the others are returned as stored."""
+    name, index, root, device, progress, stored = args
     torch.set_num_threads(1)
     experiment = get_experiment(name)
     item = experiment.items[index]
     wall, cpu, code = time.perf_counter(), time.process_time(), _git_commit()
-    configs = [replace(r.config, device=device) for r in item]
-    dirs = [run_dir_for(c, root) for c in configs]
-    resumed = _seconds_spent(dirs)
-    results = train_many(configs, dirs, progress=progress)
-    attempts = [[_attempt(r)] for r in results]
-    for _ in range(experiment.max_doublings):
-        todo = [i for i, a in enumerate(attempts) if not a[-1]["converged"]]
-        if not todo:
-            break
-        longer = [replace(results[i].config, steps=2 * results[i].config.steps,
-                          eval_every=2 * results[i].config.steps // 20) for i in todo]
+    if stored is None:
+        configs = [replace(r.config, device=device) for r in item]
+        dirs = [run_dir_for(c, root) for c in configs]
+        resumed = _seconds_spent(dirs)
+        results = train_many(configs, dirs, progress=progress)
+        attempts = [[_attempt(r)] for r in results]
+        configs = [r.config for r in results]
+    else:
+        results = [None] * len(item)
+        attempts = [list(stored[r.key]["attempts"]) for r in item]
+        configs = [replace(TrainConfig.from_dict(stored[r.key]["config"]), device=device) for r in item]
+        resumed = 0.0
+    while todo := [i for i, a in enumerate(attempts) if _may_double(a, experiment)]:
+        longer = [replace(configs[i], steps=2 * configs[i].steps, eval_every=2 * configs[i].steps // 20)
+                  for i in todo]
         dirs = [run_dir_for(c, root) for c in longer]
         resumed += _seconds_spent(dirs)
         for i, result in zip(todo, train_many(longer, dirs, progress=progress)):
-            results[i] = result
+            results[i], configs[i] = result, result.config
             attempts[i].append(_attempt(result))
-    records = [_record(run_, result, tries, run_.variant in experiment.gap_variants)
-               for run_, result, tries in zip(item, results, attempts)]
     # a resumed item also cost what earlier processes spent (one thread: their CPU ~ their wall)
     prov = provenance(device, time.perf_counter() - wall + resumed, time.process_time() - cpu + resumed, code)
     prov["resumed_seconds"] = round(resumed, 2)
     prov["runs_in_item"] = len(item)
     prov["item"] = f"{name}#{index}@{prov['date']}"
-    for r in records:
-        r["provenance"] = prov
+    records = []
+    for run_, result, tries in zip(item, results, attempts):
+        if result is None:   # not trained again: as stored
+            records.append(stored[run_.key])
+            continue
+        record = _record(run_, result, tries, run_.variant in experiment.gap_variants)
+        record["provenance"] = dict(prov)
+        if stored is not None:   # the items that trained its earlier attempts, for the cost
+            before = stored[run_.key]["provenance"]
+            record["provenance"]["earlier"] = [*before.get("earlier", []),
+                                               {k: v for k, v in before.items() if k != "earlier"}]
+        records.append(record)
     return records
+
+
+def _may_double(attempts: list, experiment: Experiment) -> bool:
+    """A run (its attempts so far) that has not converged and may be retrained with twice the
+    steps: it had fewer doublings than the experiment allows."""
+    return not attempts[-1]["converged"] and len(attempts) - 1 < experiment.max_doublings
+
+
+def runs_to_double(data: dict, experiment: Experiment) -> list[str]:
+    """The keys of the stored runs that :func:`run` would retrain with twice the steps: not
+    converged, with fewer doublings than ``experiment.max_doublings`` (which a definition may
+    raise after its runs were stored)."""
+    return [k for k, r in data["runs"].items() if _may_double(r["attempts"], experiment)]
 
 
 # ----------------------------------------------------------------------------------------
@@ -736,7 +769,8 @@ class _Lock:
 # ----------------------------------------------------------------------------------------
 def run(name: str, *, device: str = "cpu", jobs: int = 1, root=None, directory=None, progress: bool = True,
         max_items: int | None = None, refresh_theory: bool = False) -> dict:
-    """Train the runs of experiment ``name`` that ``results/NAME.json`` does not hold yet.
+    """Train the runs of experiment ``name`` that ``results/NAME.json`` does not hold yet, and
+    retrain with twice the steps the stored runs that may double again (:func:`runs_to_double`).
 
     ``jobs`` work items at a time (separate processes, one thread each), the cheapest first;
     each finished item's runs are added to the result file at once. ``root``: the run root of the checkpoints
@@ -762,12 +796,20 @@ def run(name: str, *, device: str = "cpu", jobs: int = 1, root=None, directory=N
             # references date from before this field)
             data["theory_provenance"] = provenance("cpu", time.perf_counter() - wall, time.process_time() - cpu)
             _write(path, data)
-        todo = [i for i, item in enumerate(experiment.items) if any(r.key not in data["runs"] for r in item)]
+        data["convergence_rule"] = _empty_result(experiment)["convergence_rule"]
+        missing = [i for i, item in enumerate(experiment.items) if any(r.key not in data["runs"] for r in item)]
+        # stored items whose runs may double again (a definition that allows more doublings)
+        doubling = set(runs_to_double(data, experiment))
+        longer = [i for i, item in enumerate(experiment.items)
+                  if i not in missing and any(r.key in doubling for r in item)]
+        todo = missing + longer
         if max_items is not None:
             todo = todo[:max_items]
         # the cheapest first: an experiment spread over sessions stores the most runs per hour
         todo.sort(key=lambda i: sum(estimate_seconds(r.config) for r in experiment.items[i]))
-        args = [(name, i, root, device, progress and jobs == 1) for i in todo]
+        args = [(name, i, root, device, progress and jobs == 1,
+                 None if i in missing else {r.key: data["runs"][r.key] for r in experiment.items[i]})
+                for i in todo]
         bar = tqdm(total=sum(len(experiment.items[i]) for i in todo), desc=f"{name} runs",
                    disable=not progress or not todo)
 
@@ -924,8 +966,14 @@ def _stack_size(data: dict, record: dict) -> int:
     :func:`~fvlib.training.batched.train_many` call: the runs of its work item that made an
     attempt of the same length (:func:`_train_item` trains them together)."""
     item = record["provenance"].get("item")
-    siblings = [r for r in data["runs"].values() if r["provenance"].get("item") == item] if item else [record]
+    siblings = [r for r in data["runs"].values() if item in _items_of(r)] if item else [record]
     return sum(any(a["steps"] == record["steps"] for a in r["attempts"]) for r in siblings)
+
+
+def _items_of(record: dict) -> list:
+    """The work items that trained a stored run: its last one and those of earlier attempts
+    when a later definition doubled it again."""
+    return [p.get("item") for p in [*record["provenance"].get("earlier", []), record["provenance"]]]
 
 
 def _check_theory(name: str, data: dict) -> dict:
@@ -942,9 +990,9 @@ def provenance_summary(data: dict) -> dict:
     """What a result's runs were trained with: the commits, machines, versions and dates of its
     work items, and their summed wall and CPU seconds."""
     items = {}
-    for record in data["runs"].values():
-        p = record["provenance"]
-        items[p.get("item", (p["date"], p["commit"]))] = p
+    for record in data["runs"].values():   # with the items that trained earlier attempts
+        for p in [*record["provenance"].get("earlier", []), record["provenance"]]:
+            items[p.get("item", (p["date"], p["commit"]))] = p
     provs = list(items.values())
     if not provs:
         return {"runs": 0}

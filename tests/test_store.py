@@ -485,3 +485,46 @@ def test_a_resumed_item_counts_the_time_earlier_processes_spent(tiny):
     assert prov["resumed_seconds"] > 0 and prov["cpu_seconds"] >= prov["resumed_seconds"]
     fresh = data["runs"][experiment.items[1][0].key]["provenance"]
     assert fresh["resumed_seconds"] == 0.0
+
+
+def test_a_definition_with_more_doublings_retrains_only_the_runs_still_falling(tiny, monkeypatch):
+    """Raising an experiment's max_doublings after its runs were stored: `experiment run`
+    retrains with twice the steps the stored runs that have not converged (and only those),
+    keeps their earlier attempts, and counts the cost of both trainings."""
+    experiment, tmp = tiny
+    monkeypatch.setitem(store.EXPERIMENTS, "depth-sweep-k6", replace(experiment, max_doublings=0))
+    first = store.run("depth-sweep-k6", progress=False)
+    item = experiment.items[0]
+    assert all(len(r["attempts"]) == 1 for r in first["runs"].values())
+    assert not first["runs"][item[0].key]["converged"]    # 40 steps: still falling
+    path = tmp / "results" / "depth-sweep-k6.json"
+    stored = json.loads(path.read_text())
+    kept = stored["runs"][item[1].key]          # pretend this one converged: it must stay
+    kept["converged"] = kept["attempts"][-1]["converged"] = True
+    path.write_text(json.dumps(stored))
+    grown = replace(experiment, max_doublings=1)
+    monkeypatch.setitem(store.EXPERIMENTS, "depth-sweep-k6", grown)
+    falling = [k for k, r in stored["runs"].items() if not r["converged"]]
+    assert item[0].key in falling and store.runs_to_double(stored, grown) == falling
+    data = store.run("depth-sweep-k6", progress=False)
+    assert len(data["runs"]) == 4 and data["runs"][item[1].key] == kept
+    longer = data["runs"][item[0].key]
+    assert [a["steps"] for a in longer["attempts"]] == [40, 80] and longer["steps"] == 80
+    assert longer["attempts"][0] == first["runs"][item[0].key]["attempts"][0]
+    assert longer["history"][-1]["step"] == 80 and "greedy_paired" in longer and "gap" in longer
+    before = first["runs"][item[0].key]["provenance"]
+    assert longer["provenance"]["earlier"] == [before] and longer["provenance"]["item"] != before["item"]
+    summary = store.provenance_summary(data)
+    items = {p["item"]: p["cpu_seconds"] for r in data["runs"].values()
+             for p in [*r["provenance"].get("earlier", []), r["provenance"]]}
+    # the two first items, item 0 doubled, item 1 doubled if one of its runs was still falling
+    doubled_b = any(r.key in falling for r in experiment.items[1])
+    assert summary["work_items"] == 3 + doubled_b and before["item"] in items and longer["provenance"]["item"] in items
+    assert summary["cpu_seconds"] == pytest.approx(sum(items.values()), abs=0.2)
+    # trained alone this time; the kept run was trained beside it
+    assert store._stack_size(data, longer) == 1 and store._stack_size(data, kept) == 2
+    assert "at most 1 times" in json.loads(path.read_text())["convergence_rule"]
+    assert store.load_result("depth-sweep-k6")["runs"][item[0].key]["steps"] == 80
+    assert store.runs_to_double(data, grown) == []
+    again = store.run("depth-sweep-k6", progress=False)   # nothing left to double
+    assert again["runs"][item[0].key] == longer
