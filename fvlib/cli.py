@@ -228,7 +228,8 @@ def _add_experiment_parser(sub) -> None:
     listing = verbs.add_parser("list", help="every named experiment, its size and estimated cost")
     listing.add_argument("--json", action="store_true", help="print one JSON object")
     listing.set_defaults(handler=_run_experiment_list)
-    run = verbs.add_parser("run", help="train an experiment's missing runs into results/NAME.json")
+    run = verbs.add_parser("run", help="train an experiment's missing runs into results/NAME.json, and "
+                                           "double again its runs still falling if its definition allows")
     run.add_argument("name")
     run.add_argument("--device", choices=["auto", "cpu", "cuda"], default="cpu")
     run.add_argument("--jobs", type=_positive_int("--jobs"), default=1, help="work items at a time (processes)")
