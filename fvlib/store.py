@@ -33,7 +33,8 @@ transformers at ``K = 4``. Each is an :class:`Experiment` of :data:`EXPERIMENTS`
   and compares their final losses with the stored ones within the tolerance the file states
   (:data:`TOLERANCE_RULE`), and recomputes the references and compares them
   (:data:`THEORY_TOLERANCE_RULE`), so that a fix of the theory code that changes a stored
-  reference is noticed.
+  reference is noticed. The file states both rules (``tolerance_rule``,
+  ``theory_tolerance_rule``) and its ``convergence_rule``; :func:`run` brings them up to date.
 
 Nothing in a result file is typed by hand: every number in it is written by :func:`run`.
 """
@@ -120,6 +121,15 @@ TOLERANCE_RULE = (
     "another CPU differs in the last bits, which training can amplify, so it must land within "
     "the training variability of its point (spread: the standard deviation of the final loss "
     "over the point's seeds) or within three Monte Carlo standard errors of the stored value")
+
+#: How :func:`theory_differences` compares a stored reference value with today's recomputation
+#: (stored in every result file).
+THEORY_TOLERANCE_RULE = (
+    "the references are recomputed from the experiment's definition (the same Monte Carlo seeds): "
+    "a Monte Carlo mean must land within 3 of its stored standard errors, a standard error within "
+    "10% of itself (another CPU can break a near tie of a policy's choice differently in a few "
+    "contexts), every other number (closed forms, counts) within a relative 1e-6, and every name "
+    "must be the same")
 
 
 class ResultError(ValueError):
@@ -660,6 +670,7 @@ def _empty_result(experiment: Experiment) -> dict:
     return {"format": FORMAT, "version": 1, "experiment": experiment.name,
             "description": experiment.description, "chapter": experiment.chapter,
             "planned_runs": [r.key for r in experiment.runs], "tolerance_rule": TOLERANCE_RULE,
+            "theory_tolerance_rule": THEORY_TOLERANCE_RULE,
             "convergence_rule": f"the evaluation loss fell by less than {CONVERGENCE_DROP:.0%} over the last "
                                 f"fifth of the steps; otherwise retrained with twice the steps, at most "
                                 f"{experiment.max_doublings} times",
@@ -786,9 +797,13 @@ def run(name: str, *, device: str = "cpu", jobs: int = 1, root=None, directory=N
     path = result_path(name, directory)
     with _Lock(path):
         data = load_result(name, directory) if path.is_file() else _empty_result(experiment)
-        # a definition that grew (runs added to the catalogue) plans its new runs too
-        data["planned_runs"] = [r.key for r in experiment.runs]
-        data["description"] = experiment.description
+        # what the file says of its experiment follows the definition and the code (a definition
+        # that grew plans its new runs; an older file gains the rules it lacks)
+        meta = {k: v for k, v in _empty_result(experiment).items()
+                if k in ("planned_runs", "description") or k.endswith("_rule")}
+        if any(data.get(k) != v for k, v in meta.items()):
+            data.update(meta)
+            _write(path, data)
         if data.get("theory") is None or refresh_theory:
             wall, cpu = time.perf_counter(), time.process_time()
             data["theory"] = experiment.theory()
@@ -796,7 +811,6 @@ def run(name: str, *, device: str = "cpu", jobs: int = 1, root=None, directory=N
             # references date from before this field)
             data["theory_provenance"] = provenance("cpu", time.perf_counter() - wall, time.process_time() - cpu)
             _write(path, data)
-        data["convergence_rule"] = _empty_result(experiment)["convergence_rule"]
         missing = [i for i, item in enumerate(experiment.items) if any(r.key not in data["runs"] for r in item)]
         # stored items whose runs may double again (a definition that allows more doublings)
         doubling = set(runs_to_double(data, experiment))
@@ -871,15 +885,6 @@ def _tolerance(data: dict, record: dict) -> float:
     same = [r["final_loss"] for r in data["runs"].values() if _point(r) == _point(record)]
     spread = float(np.std(same, ddof=1)) if len(same) > 1 else 0.0
     return max(3 * record["final_stderr"], spread)
-
-
-#: How :func:`theory_differences` compares a stored reference value with today's recomputation.
-THEORY_TOLERANCE_RULE = (
-    "the references are recomputed from the experiment's definition (the same Monte Carlo seeds): "
-    "a Monte Carlo mean must land within 3 of its stored standard errors, a standard error within "
-    "10% of itself (another CPU can break a near tie of a policy's choice differently in a few "
-    "contexts), every other number (closed forms, counts) within a relative 1e-6, and every name "
-    "must be the same")
 
 
 def _numbers(tree, path: str = "") -> dict:

@@ -54,6 +54,10 @@ def test_run_writes_every_field_and_resumes(tiny):
     assert [a["steps"] for a in record["attempts"]] == [40, 80, 160]
     assert record["converged"] is False and record["steps"] == 160
     assert stored["theory"]["budgets"] == [1, 2, 3] and stored["theory"]["samples"] == store.THEORY_SAMPLES
+    # the file states how verify judges it and what counts as converged
+    assert (stored["tolerance_rule"], stored["theory_tolerance_rule"]) == (store.TOLERANCE_RULE,
+                                                                          store.THEORY_TOLERANCE_RULE)
+    assert "at most 2 times" in stored["convergence_rule"]
     # resuming trains only what is missing; the stored runs are kept as they are
     again = store.run("depth-sweep-k6", progress=False)
     assert len(again["runs"]) == 4
@@ -196,6 +200,9 @@ def test_every_stored_result_loads_and_its_configs_build(name):
         assert record["converged"] == store.converged(record["history"], config.steps)
         key = store.run_key(record["variant"], config.prior, config.budget, config.seed)
         assert data["runs"][key] is record, key
+    # the rules the file states are the ones verify and run apply today
+    assert data["tolerance_rule"] == store.TOLERANCE_RULE
+    assert data["theory_tolerance_rule"] == store.THEORY_TOLERANCE_RULE, "run `experiment run` to update"
 
 
 @pytest.mark.parametrize("name", STORED)
@@ -458,6 +465,23 @@ def test_run_plans_the_runs_a_grown_definition_adds(tiny, monkeypatch):
     stored = json.loads((tmp / "results" / "depth-sweep-k6.json").read_text())
     assert stored["planned_runs"] == data["planned_runs"] and len(stored["runs"]) == 5
     assert all(stored["runs"][k] == v for k, v in first["runs"].items())
+
+
+def test_run_brings_an_older_files_rules_up_to_date_without_training(tiny):
+    """A complete file written before a rule was stated (or with an older wording) gains
+    today's rules from `experiment run`, which trains nothing and keeps every run."""
+    experiment, tmp = tiny
+    first = store.run("depth-sweep-k6", progress=False)
+    path = tmp / "results" / "depth-sweep-k6.json"
+    older = json.loads(path.read_text())
+    del older["theory_tolerance_rule"]
+    older["tolerance_rule"] = "an older wording"
+    path.write_text(json.dumps(older))
+    again = store.run("depth-sweep-k6", progress=False)
+    stored = json.loads(path.read_text())
+    assert stored["theory_tolerance_rule"] == store.THEORY_TOLERANCE_RULE
+    assert stored["tolerance_rule"] == store.TOLERANCE_RULE
+    assert stored["runs"] == first["runs"] == again["runs"]
 
 
 def test_verify_stacks_a_run_as_its_last_attempt_was_trained():
