@@ -618,9 +618,8 @@ def _train_item(args) -> list[dict]:
         record = _record(run_, result, tries, run_.variant in experiment.gap_variants)
         record["provenance"] = dict(prov)
         if stored is not None:   # the items that trained its earlier attempts, for the cost
-            before = stored[run_.key]["provenance"]
-            record["provenance"]["earlier"] = [*before.get("earlier", []),
-                                               {k: v for k, v in before.items() if k != "earlier"}]
+            record["provenance"]["earlier"] = [{k: v for k, v in p.items() if k != "earlier"}
+                                               for p in _provenances_of(stored[run_.key])]
         records.append(record)
     return records
 
@@ -975,10 +974,15 @@ def _stack_size(data: dict, record: dict) -> int:
     return sum(any(a["steps"] == record["steps"] for a in r["attempts"]) for r in siblings)
 
 
+def _provenances_of(record: dict) -> list[dict]:
+    """The provenances of the work items that trained a stored run: those of its earlier
+    attempts when a later definition doubled it again, then its last one."""
+    return [*record["provenance"].get("earlier", []), record["provenance"]]
+
+
 def _items_of(record: dict) -> list:
-    """The work items that trained a stored run: its last one and those of earlier attempts
-    when a later definition doubled it again."""
-    return [p.get("item") for p in [*record["provenance"].get("earlier", []), record["provenance"]]]
+    """The work items that trained a stored run (:func:`_provenances_of`)."""
+    return [p.get("item") for p in _provenances_of(record)]
 
 
 def _check_theory(name: str, data: dict) -> dict:
@@ -996,7 +1000,7 @@ def provenance_summary(data: dict) -> dict:
     work items, and their summed wall and CPU seconds."""
     items = {}
     for record in data["runs"].values():   # with the items that trained earlier attempts
-        for p in [*record["provenance"].get("earlier", []), record["provenance"]]:
+        for p in _provenances_of(record):
             items[p.get("item", (p["date"], p["commit"]))] = p
     provs = list(items.values())
     if not provs:
