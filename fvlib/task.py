@@ -13,6 +13,7 @@ be compared on the very same contexts.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -20,7 +21,8 @@ import torch
 from ._checks import check_instance, check_int, check_number, check_tensor
 from .priors import Prior, TreePrior
 
-__all__ = ["TaskBatch", "sample_task", "check_task_args", "make_generator", "MAX_NOISE_STD"]
+__all__ = ["TaskBatch", "StatisticBatch", "sample_task", "sample_statistic_task", "sample_statistic", "sample_chi2",
+           "check_task_args", "make_generator", "MAX_NOISE_STD"]
 
 #: Largest label noise ``sigma`` accepted: far beyond any signal (``|theta|^2 <= K <= 16``),
 #: and far below where ``sigma^2`` overflows (float32 arithmetic near ``1e19``).
@@ -89,6 +91,48 @@ class TaskBatch:
         """
         return torch.einsum("bnd,bn->bd", self.x, self.y) / self.n_ctx
 
+    def pooled(self) -> "StatisticBatch":
+        """The same contexts as their pooled statistics (:class:`StatisticBatch`)."""
+        return StatisticBatch(self.sufficient_statistic(), self.x_query, self.y_query, self.theta, self.signs,
+                              self.noise_std, self.n_ctx)
+
+
+@dataclass(frozen=True)
+class StatisticBatch:
+    """A batch of ``B`` contexts given by their pooled statistic ``g = (1/N) sum_i y_i x_i``
+    instead of their ``N`` tokens: all that models whose keys are linear in the token read
+    (:attr:`fvlib.models.FVTransformer.reads_statistic`), and all the theory reads.
+
+    Attributes:
+        g: ``(B, D)`` pooled statistics.
+        x_query, y_query, theta, signs, noise_std: as in :class:`TaskBatch`.
+        n_ctx: the context length ``N`` the statistic pools.
+    """
+
+    g: torch.Tensor
+    x_query: torch.Tensor
+    y_query: torch.Tensor
+    theta: torch.Tensor
+    signs: torch.Tensor | None
+    noise_std: float
+    n_ctx: int
+
+    @property
+    def batch_size(self) -> int:
+        return self.g.shape[0]
+
+    def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> "StatisticBatch":
+        """Move the float tensors to ``device`` (and ``dtype``); signs stay integer."""
+        def move(t):
+            return t.to(device=device, dtype=dtype or t.dtype)
+
+        return replace(self, g=move(self.g), x_query=move(self.x_query), y_query=move(self.y_query),
+                       theta=move(self.theta), signs=None if self.signs is None else self.signs.to(device))
+
+    def sufficient_statistic(self) -> torch.Tensor:
+        """``g``, shape ``(B, D)`` (as :meth:`TaskBatch.sufficient_statistic`)."""
+        return self.g
+
 
 def check_task_args(n_ctx: int, noise_std: float) -> None:
     """Raise ``ValueError`` naming the bad value for a bad context length or noise level."""
@@ -119,6 +163,23 @@ def sample_task(
         x: optional ``(B, N, D)`` inputs to reuse (donor and target share their ``x_i``).
         dtype: dtype of the returned tensors (float32 for models, float64 for theory).
     """
+    theta, signs = _sample_latents(prior, batch, n_ctx, noise_std, generator, signs)
+    D = prior.dim
+    if x is None:
+        x = torch.randn(batch, n_ctx, D, generator=generator, dtype=dtype)
+    else:
+        check_tensor("x", x, (batch, n_ctx, D), "(B, N, D)")
+    x = x.to(dtype)
+    theta = theta.to(dtype)
+    x_query = torch.randn(batch, D, generator=generator, dtype=dtype)
+    eps = torch.randn(batch, n_ctx + 1, generator=generator, dtype=dtype)
+    y = torch.bmm(x, theta[:, :, None])[..., 0] + noise_std * eps[:, :-1]
+    y_query = (x_query * theta).sum(-1) + noise_std * eps[:, -1]
+    return TaskBatch(x, y, x_query, y_query, theta, signs, float(noise_std))
+
+
+def _sample_latents(prior, batch, n_ctx, noise_std, generator, signs):
+    """``(theta (B, D), signs (B, K) or None)`` of :func:`sample_task`, its arguments checked."""
     check_instance("prior", prior, Prior)
     check_int("batch", batch, 1)
     check_task_args(n_ctx, noise_std)
@@ -134,15 +195,98 @@ def sample_task(
         theta = prior.sample(batch, generator)
     if theta.shape[0] != batch:
         raise ValueError(f"signs hold {theta.shape[0]} paths but batch is {batch}")
-    D = prior.dim
-    if x is None:
-        x = torch.randn(batch, n_ctx, D, generator=generator, dtype=dtype)
-    else:
-        check_tensor("x", x, (batch, n_ctx, D), "(B, N, D)")
-    x = x.to(dtype)
+    return theta, signs
+
+
+def sample_statistic_task(
+    prior: Prior,
+    batch: int,
+    n_ctx: int,
+    noise_std: float,
+    generator: torch.Generator,
+    *,
+    signs: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> "StatisticBatch":
+    """Sample ``batch`` in-context regression problems as their pooled statistics: what
+    :func:`sample_task` followed by :meth:`TaskBatch.pooled` gives, in law, without drawing the
+    ``B x N x D`` token inputs (:func:`sample_statistic`, ``O(D)`` per context). Latents, then
+    statistics, then the query token and its label are drawn from ``generator``."""
+    theta, signs = _sample_latents(prior, batch, n_ctx, noise_std, generator, signs)
+    g = sample_statistic(theta, n_ctx, noise_std, generator, dtype=dtype)
     theta = theta.to(dtype)
-    x_query = torch.randn(batch, D, generator=generator, dtype=dtype)
-    eps = torch.randn(batch, n_ctx + 1, generator=generator, dtype=dtype)
-    y = torch.bmm(x, theta[:, :, None])[..., 0] + noise_std * eps[:, :-1]
-    y_query = (x_query * theta).sum(-1) + noise_std * eps[:, -1]
-    return TaskBatch(x, y, x_query, y_query, theta, signs, float(noise_std))
+    x_query = torch.randn(batch, prior.dim, generator=generator, dtype=dtype)
+    eps = torch.randn(batch, generator=generator, dtype=dtype)
+    y_query = (x_query * theta).sum(-1) + noise_std * eps
+    return StatisticBatch(g, x_query, y_query, theta, signs, float(noise_std), n_ctx)
+
+
+# ----------------------------------------------------------------------------------------
+# The pooled statistic, drawn without the tokens
+# ----------------------------------------------------------------------------------------
+def _standard_normal(shape, generator: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
+    return torch.randn(shape, generator=generator, dtype=dtype)
+
+
+def sample_chi2(dof: int, size: int, generator: torch.Generator, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """``size`` chi-square variates with ``dof >= 0`` degrees of freedom, ``(size,)``, exact,
+    from ``generator`` alone (torch's own gamma sampler takes no generator).
+
+    ``dof = 0`` gives zeros, ``dof = 1`` a squared normal; otherwise ``2 Gamma(dof / 2)`` by
+    Marsaglia and Tsang's rejection method (shape ``>= 1``; more than 95% of proposals are kept,
+    and the loop redraws only the rejected ones, so the cost is ``O(size)``).
+    """
+    check_int("dof", dof, 0)
+    if dof == 0:
+        return torch.zeros(size, dtype=dtype)
+    if dof == 1:
+        return _standard_normal(size, generator, dtype).square()
+    d = dof / 2 - 1 / 3
+    c = 1 / math.sqrt(9 * d)
+    out = torch.empty(size, dtype=dtype)
+    todo = torch.arange(size)
+    while todo.numel():
+        z = _standard_normal(todo.numel(), generator, dtype)
+        log_u = torch.rand(todo.numel(), generator=generator, dtype=dtype).log()
+        v = (1 + c * z) ** 3
+        ok = (v > 0) & (log_u < 0.5 * z.square() + d - d * v + d * v.clamp_min(1e-300).log())
+        out[todo[ok]] = 2 * d * v[ok]
+        todo = todo[~ok]
+    return out
+
+
+def sample_statistic(
+    theta: torch.Tensor, n_ctx: int, noise_std: float, generator: torch.Generator, *, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
+    """Draw the pooled statistic ``g = (1/N) sum_i y_i x_i`` of one context per latent, exactly
+    and without the tokens, in ``O(D)`` per context whatever ``N`` (the book's appendix
+    *Derivations*, section "An exact sampler for the pooled statistic").
+
+    With ``u = theta / |theta|`` and ``a_i = <x_i, u>``, ``y_i = |theta| a_i + sigma eps_i`` and
+    ``g = u (1/N) sum_i a_i y_i + (sqrt(sum_i y_i^2) / N) P_perp z`` with ``z ~ N(0, I_D)``. The two
+    sums are functions of the ``2 x 2`` Gram matrix ``S`` of the vectors ``(a_i)`` and ``(eps_i)``,
+    a Wishart matrix with ``N`` degrees of freedom, drawn by Bartlett's decomposition ``S = T T^T``,
+    ``T = [[c_1, 0], [n, c_2]]`` with ``c_1^2 ~ chi2(N)``, ``c_2^2 ~ chi2(N - 1)``, ``n ~ N(0, 1)``
+    (``N = 1`` included: ``c_2 = 0``).
+
+    Args:
+        theta: ``(B, D)`` latents.
+        dtype: of the draws and the result (float64 for the theory, float32 for training).
+    Returns:
+        ``(B, D)`` statistics.
+    """
+    check_task_args(n_ctx, noise_std)
+    check_instance("generator", generator, torch.Generator)
+    theta = check_tensor("theta", theta, (None, None), "(B, D)").to(dtype)
+    B, D = theta.shape
+    c1 = sample_chi2(n_ctx, B, generator, dtype).sqrt()
+    c2 = sample_chi2(n_ctx - 1, B, generator, dtype).sqrt()
+    n = _standard_normal(B, generator, dtype)
+    s_aa, s_ae, s_ee = c1.square(), c1 * n, n.square() + c2.square()  # S = T T^T
+    r = theta.norm(dim=-1)
+    sum_ay = r * s_aa + noise_std * s_ae
+    sum_yy = (r.square() * s_aa + 2 * noise_std * r * s_ae + noise_std**2 * s_ee).clamp_min(0)
+    u = torch.where(r[:, None] > 0, theta / r.clamp_min(1e-300)[:, None], torch.zeros_like(theta))
+    z = _standard_normal((B, D), generator, dtype)
+    z_perp = z - (z * u).sum(-1, keepdim=True) * u
+    return (sum_ay / n_ctx)[:, None] * u + (sum_yy.sqrt() / n_ctx)[:, None] * z_perp

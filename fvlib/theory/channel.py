@@ -16,46 +16,9 @@ from __future__ import annotations
 import torch
 
 from .._checks import check_instance, check_number, check_tensor
-from ..task import check_task_args
+from ..task import sample_statistic  # the one exact sampler of the pooled statistic (re-exported)
 
 __all__ = ["sample_statistic", "FiniteSampleChannel", "GaussianChannel"]
-
-_MAX_CHUNK_ELEMENTS = 1 << 22
-
-
-def sample_statistic(theta: torch.Tensor, n_ctx: int, noise_std: float, generator: torch.Generator) -> torch.Tensor:
-    """Draw ``g_hat = (1/N) sum_i y_i x_i`` exactly, in ``O(N + D)`` per context.
-
-    With ``u = theta / |theta|`` and ``a_i = <x_i, u>``, ``y_i = |theta| a_i + sigma eps_i``; the
-    part of ``x_i`` orthogonal to ``u`` is independent of ``y``, so
-    ``g_hat = u (1/N) sum_i a_i y_i + (sqrt(sum_i y_i^2) / N) P_perp z`` with ``z ~ N(0, I_D)``.
-    This has the law of the explicit sum over tokens without drawing ``N x D`` inputs.
-
-    Args:
-        theta: ``(B, D)`` latents (float64).
-    Returns:
-        ``(B, D)`` statistics (float64).
-    """
-    check_task_args(n_ctx, noise_std)
-    check_instance("generator", generator, torch.Generator)
-    theta = check_tensor("theta", theta, (None, None), "(B, D)").to(torch.float64)
-    B, D = theta.shape
-    norm = theta.norm(dim=-1, keepdim=True)
-    u = torch.where(norm > 0, theta / norm.clamp_min(1e-300), torch.zeros_like(theta))
-    sum_ay = torch.zeros(B, 1, dtype=torch.float64)
-    sum_yy = torch.zeros(B, 1, dtype=torch.float64)
-    chunk = max(1, _MAX_CHUNK_ELEMENTS // B)  # bounded memory for long contexts
-    for start in range(0, n_ctx, chunk):
-        width = min(chunk, n_ctx - start)
-        a = torch.randn(B, width, generator=generator, dtype=torch.float64)
-        eps = torch.randn(B, width, generator=generator, dtype=torch.float64)
-        y = norm * a + noise_std * eps
-        sum_ay += (a * y).sum(-1, keepdim=True)
-        sum_yy += y.pow(2).sum(-1, keepdim=True)
-    z = torch.randn(B, D, generator=generator, dtype=torch.float64)
-    z_perp = z - (z * u).sum(-1, keepdim=True) * u
-    return sum_ay / n_ctx * u + sum_yy.sqrt() / n_ctx * z_perp
-
 
 class FiniteSampleChannel:
     """Measurements computed from each context's statistic ``g_hat`` (shape ``(B, D)``)."""
