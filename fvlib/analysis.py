@@ -321,8 +321,8 @@ def measurement_profile(model, tree, batch):
         nodes = tree.path_nodes(batch.signs.cpu())  # (B, K)
         rows = []
         for l in range(1, model.config.n_layers + 1):
-            previous = cache[hook_name("workspace", l - 1)] if l > 1 else batch.x.new_zeros(batch.x.shape[0], 0)
-            weight = (model.block(l).router.matrix(previous.to(batch.x.dtype)) ** 2).sum(1).double().cpu()  # (B, D)
+            previous = cache[hook_name("workspace", l - 1)] if l > 1 else batch.x_query.new_zeros(batch.batch_size, 0)
+            weight = (model.block(l).router.matrix(previous.to(batch.x_query.dtype)) ** 2).sum(1).double().cpu()  # (B, D)
             weight = weight / weight.sum(-1, keepdim=True)
             on_path = weight.gather(-1, nodes)  # (B, K)
             rows.append(torch.cat([on_path, 1 - on_path.sum(-1, keepdim=True)], dim=-1).mean(0))
@@ -364,8 +364,8 @@ def router_directions(model, batch) -> torch.Tensor:
         _, cache = model.run_with_cache(batch, names_filter=hook_name("workspace", "*"))
         rows = []
         for l in range(1, model.config.n_layers + 1):
-            previous = cache[hook_name("workspace", l - 1)] if l > 1 else batch.x.new_zeros(batch.x.shape[0], 0)
-            rows.append(model.block(l).router.matrix(previous.to(batch.x.dtype)).double().cpu())
+            previous = cache[hook_name("workspace", l - 1)] if l > 1 else batch.x_query.new_zeros(batch.batch_size, 0)
+            rows.append(model.block(l).router.matrix(previous.to(batch.x_query.dtype)).double().cpu())
     return torch.cat(rows, dim=1)
 
 
@@ -441,7 +441,7 @@ def greedy_paired(model, config: TrainConfig, *, contexts: int, seed: int) -> di
     check_int("contexts", contexts, 2)
     check_seed("seed", seed)
     tree = build_prior(config)
-    batches = sample_eval_batches(tree, config.n_ctx, config.noise_std, contexts, seed)
+    batches = sample_eval_batches(tree, config.n_ctx, config.noise_std, contexts, seed, statistic=config.statistic)
     # the model's per-context excess loss as evaluate() scores it: |theta_hat - theta|^2 for a
     # constrained model, the query-token error against <theta, x_q> for a standard transformer
     model_errors = per_context_losses(model, batches)[0]
@@ -487,7 +487,7 @@ def gap_table(model, config: TrainConfig, *, contexts: int = 4000, seed: int = 0
                               strategies=("adaptive_greedy", "nonadaptive_opt", "adaptive_opt"),
                               directions=directions, policy=policy)
     out = {name: (e.mean, e.stderr) for name, e in est.items()}
-    batches = sample_eval_batches(tree, config.n_ctx, config.noise_std, contexts, seed)
+    batches = sample_eval_batches(tree, config.n_ctx, config.noise_std, contexts, seed, statistic=config.statistic)
     references = {"adaptive_greedy_paired": policy_predictor(tree, GreedyRule(tree), config.budget),
                   "adaptive_opt_paired": policy_predictor(tree, policy.policy, config.budget)}
     paired = per_context_errors(references, batches)   # on the model rows' contexts

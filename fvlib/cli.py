@@ -172,6 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with a curriculum: the fraction of --steps over which alpha moves (default 0.6)")
     train.add_argument("--no-curriculum", action="store_true",
                        help="tree prior: train at --alpha from the first step (no curriculum)")
+    train.add_argument("--inputs", choices=["auto", "statistic", "tokens"], default="auto",
+                       help="what each step draws and the model reads: statistic (each context's pooled statistic, "
+                            "drawn exactly without its tokens: a longer context costs nothing), tokens (every "
+                            "token), auto (statistic for constrained models, tokens for transformers)")
     train.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda, ...")
     train.add_argument("--out", required=True, help="run directory (resumed if it holds a checkpoint)")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -294,6 +298,9 @@ def _run_train(args) -> dict:
     if args.imitation and (args.arch, args.model, args.prior) != ("constrained", "A", "tree"):
         raise CliError(f"--imitation needs --arch constrained --model A --prior tree (the teacher is the greedy "
                        f"policy of model A's router), got --arch {args.arch} --model {args.model} --prior {args.prior}")
+    if args.inputs == "statistic" and args.arch != "constrained":
+        raise CliError(f"--inputs statistic needs --arch constrained (models A, B, C read only the pooled "
+                       f"statistic); --arch {args.arch} reads every token")
     if args.no_curriculum and args.alpha_start is not None:
         raise CliError(f"--no-curriculum and --alpha-start {args.alpha_start} contradict each other")
     recipe = (dict(IMITATION_RECIPE) if args.imitation
@@ -311,7 +318,7 @@ def _run_train(args) -> dict:
     config = TrainConfig(
         model=args.model, prior=args.prior, depth=args.depth, alpha=args.alpha, n_ctx=args.n_ctx,
         noise_std=args.noise_std, budget=args.budget, steps=args.steps, seed=args.seed, device=args.device,
-        arch=args.arch, **recipe,
+        arch=args.arch, inputs=args.inputs, **recipe,
     )
     _check_train_memory(config)
     _writable_dir("--out", args.out)
@@ -323,6 +330,7 @@ def _run_train(args) -> dict:
         "steps": config.steps,
         "model": config.model,
         "prior": config.prior,
+        "inputs": config.input_path,
     }
 
 

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ._checks import check_int
-from .task import TaskBatch
+from .task import StatisticBatch, TaskBatch
 
 __all__ = [
     "FAMILIES",
@@ -256,6 +256,9 @@ class HookedModel(nn.Module):
         """``(x (B, N, D), y (B, N), x_query (B, D) or (B, Q, D))`` from a
         :class:`~fvlib.task.TaskBatch` or the three tensors, checked against ``config.dim`` and
         cast to the model's dtype; ``ValueError`` names a bad shape or a mix of the two forms."""
+        if isinstance(batch_or_x, StatisticBatch):
+            raise ValueError(f"{type(self).__name__} reads every token, not only the pooled statistic: pass a "
+                             f"TaskBatch (tokens), not a StatisticBatch")
         if isinstance(batch_or_x, TaskBatch):
             if y is not None or x_query is not None:
                 raise ValueError("pass either a TaskBatch or the tensors x, y, x_query, not both")

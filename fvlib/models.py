@@ -25,6 +25,15 @@ Router kinds:
 
 Decoder kinds: ``mlp`` and ``linear`` (no bias).
 
+**Two paths, one function.** With a gated or linear router the keys are linear in the token,
+``k_i = G_l(Phi) x_i``, so ``phi_l = (1/N) sum_i y_i G_l(Phi) x_i = G_l(Phi) g`` with the pooled
+statistic ``g = (1/N) sum_i y_i x_i`` (chapter 3): such a model reads a context only through
+``g`` (:attr:`FVTransformer.reads_statistic`). It runs on the tokens (a
+:class:`~fvlib.task.TaskBatch`, or ``x, y, x_query``) or on the statistic (a
+:class:`~fvlib.task.StatisticBatch`, or :meth:`FVTransformer.forward_statistic` with ``g,
+x_query``); the two agree to float rounding. On the statistic there are no per-token keys, so
+``hook_keys`` does not fire; every other hook does.
+
 Hook points (:mod:`fvlib.hooks`). **Layers are numbered from 1**, as in the book's math, so
 ``blocks.1`` is the first layer and ``blocks.{L}`` the last; the hook names are also the module
 paths (``model.blocks["1"].hook_keys``):
@@ -52,9 +61,11 @@ from torch import nn
 from ._checks import check_int, dataclass_from_dict
 from .hooks import LAYER_HOOKS, MODEL_HOOKS, HookedModel, HookPoint, hook_name
 from .priors import Prior
+from .task import StatisticBatch
 
 __all__ = [
     "ROUTER_KINDS",
+    "STATISTIC_ROUTERS",
     "DECODER_KINDS",
     "MODEL_KINDS",
     "ModelConfig",
@@ -68,6 +79,9 @@ __all__ = [
 ]
 
 ROUTER_KINDS = ("gated", "mlp", "linear")
+#: The routers whose keys are linear in the token (``k_i = G(Phi) x_i``): their models read a
+#: context only through its pooled statistic.
+STATISTIC_ROUTERS = ("gated", "linear")
 DECODER_KINDS = ("mlp", "linear")
 MODEL_KINDS = ("A", "B", "C")
 
@@ -251,6 +265,10 @@ class GatedRouter(nn.Module):
             return measure(x, self.base)
         return measure(x, self.matrix(workspace))
 
+    def pool(self, g: torch.Tensor, workspace: torch.Tensor) -> torch.Tensor:
+        """The pooled keys ``G(Phi) g`` from the statistic ``g (B, D)``: ``(B, d)``."""
+        return measure(g[:, None, :], self.base if self.gate is None else self.matrix(workspace))[:, 0]
+
 
 class LinearRouter(nn.Module):
     """``k_i = W x_i`` with a fixed ``(d, D)`` matrix ``W``."""
@@ -263,6 +281,10 @@ class LinearRouter(nn.Module):
 
     def forward(self, x: torch.Tensor, workspace: torch.Tensor) -> torch.Tensor:
         return measure(x, self.weight)
+
+    def pool(self, g: torch.Tensor, workspace: torch.Tensor) -> torch.Tensor:
+        """The pooled keys ``W g`` from the statistic ``g (B, D)``: ``(B, d)``."""
+        return measure(g[:, None, :], self.weight)[:, 0]
 
 
 class MLPRouter(nn.Module):
@@ -303,7 +325,15 @@ class Block(nn.Module):
         """``x (B, N, D)``, ``y (B, N)``, ``workspace Phi_{l-1} (B, (l-1) d)`` -> ``Phi_l (B, l d)``."""
         keys = self.hook_keys(self.router(x, workspace))  # (B, N, d)
         pooled = measure(y[:, None, :], keys.transpose(1, 2))[:, 0]  # (B, d): sum_i y_i k_i
-        phi = self.hook_phi(pooled / y.shape[1])  # (B, d)
+        return self._append(pooled / y.shape[1], workspace)
+
+    def forward_statistic(self, g: torch.Tensor, workspace: torch.Tensor) -> torch.Tensor:
+        """The same layer on the pooled statistic ``g (B, D)``: ``phi_l = G_l(Phi) g`` (gated and
+        linear routers only) -> ``Phi_l (B, l d)``."""
+        return self._append(self.router.pool(g, workspace), workspace)
+
+    def _append(self, phi: torch.Tensor, workspace: torch.Tensor) -> torch.Tensor:
+        phi = self.hook_phi(phi)  # (B, d)
         return self.hook_workspace(torch.cat([workspace, phi], dim=-1))
 
 
@@ -349,8 +379,52 @@ class FVTransformer(HookedModel):
             workspace = block(x, y, workspace)
         return workspace
 
+    @property
+    def reads_statistic(self) -> bool:
+        """``True`` when the model reads a context only through its pooled statistic ``g`` (gated
+        and linear routers, :data:`STATISTIC_ROUTERS`): it then runs on a
+        :class:`~fvlib.task.StatisticBatch` too."""
+        return self.config.router in STATISTIC_ROUTERS
+
+    def workspace_from_statistic(self, g: torch.Tensor) -> torch.Tensor:
+        """The final workspace ``Phi_L`` from the pooled statistics ``g (B, D)``: ``(B, L d)``."""
+        workspace = g.new_zeros(g.shape[0], 0)
+        for block in self.blocks.values():
+            workspace = block.forward_statistic(g, workspace)
+        return workspace
+
+    def _statistic_inputs(self, g, x_query) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(g (B, D), x_query)`` checked and cast to the model's dtype; ``ValueError`` for a
+        model that reads every token, or a bad shape."""
+        if not self.reads_statistic:
+            raise ValueError(f"a model with router {self.config.router!r} reads every token, not only the pooled "
+                             f"statistic: pass a TaskBatch (tokens)")
+        D = self.config.dim
+        if not isinstance(g, torch.Tensor) or g.ndim != 2 or g.shape[-1] != D:
+            raise ValueError(f"g must be a tensor of shape (B, {D}), got "
+                             f"{tuple(g.shape) if isinstance(g, torch.Tensor) else type(g).__name__}")
+        if not isinstance(x_query, torch.Tensor) or x_query.shape[0] != g.shape[0] or x_query.shape[-1] != D \
+                or x_query.ndim not in (2, 3):
+            raise ValueError(f"x_query must be a tensor of shape ({g.shape[0]}, {D}) or ({g.shape[0]}, Q, {D})")
+        dtype = next(self.parameters()).dtype
+        return g.to(dtype), x_query.to(dtype)
+
+    def forward_statistic(self, g: torch.Tensor, x_query: torch.Tensor) -> torch.Tensor:
+        """Query predictions ``(B,)`` (or ``(B, Q)``) from the pooled statistics ``g (B, D)``:
+        the same function as :meth:`forward` on the tokens that pool to ``g``."""
+        g, x_query = self._statistic_inputs(g, x_query)
+        return self._readout(self.workspace_from_statistic(g), x_query)[1]
+
+    def predict_theta_statistic(self, g: torch.Tensor, x_query: torch.Tensor) -> torch.Tensor:
+        """``theta_hat (B, D)`` from the pooled statistics ``g (B, D)`` (see :meth:`forward_statistic`)."""
+        g, x_query = self._statistic_inputs(g, x_query)
+        return self._readout(self.workspace_from_statistic(g), x_query)[0]
+
     def _theta_and_prediction(self, x, y, x_query) -> tuple[torch.Tensor, torch.Tensor]:
-        theta_hat = self.hook_theta_hat(self.decoder(self.workspace(x, y)))
+        return self._readout(self.workspace(x, y), x_query)
+
+    def _readout(self, workspace, x_query) -> tuple[torch.Tensor, torch.Tensor]:
+        theta_hat = self.hook_theta_hat(self.decoder(workspace))
         if x_query.ndim == 2:
             prediction = (theta_hat * x_query).sum(-1)
         else:
@@ -364,9 +438,12 @@ class FVTransformer(HookedModel):
         """Query predictions ``y_hat_q``, shape ``(B,)``.
 
         Call with a :class:`~fvlib.task.TaskBatch` or with tensors ``x (B, N, D)``, ``y (B, N)``,
-        ``x_query (B, D)``. Several query tokens per context, ``x_query (B, Q, D)``, give
-        predictions ``(B, Q)``.
+        ``x_query (B, D)``; or, for a model that :attr:`reads_statistic`, with a
+        :class:`~fvlib.task.StatisticBatch`. Several query tokens per context,
+        ``x_query (B, Q, D)``, give predictions ``(B, Q)``.
         """
+        if isinstance(batch_or_x, StatisticBatch):
+            return self.forward_statistic(*self._statistic_batch(batch_or_x, y, x_query))
         return self._theta_and_prediction(*self._inputs(batch_or_x, y, x_query))[1]
 
     def predict_theta(
@@ -374,9 +451,18 @@ class FVTransformer(HookedModel):
     ) -> torch.Tensor:
         """The decoder output ``theta_hat`` (after ``hook_theta_hat``), shape ``(B, D)``.
 
-        Runs the full forward pass, so hooks on ``hook_prediction`` also fire.
+        Runs the full forward pass, so hooks on ``hook_prediction`` also fire. Takes what
+        :meth:`forward` takes, a :class:`~fvlib.task.StatisticBatch` included.
         """
+        if isinstance(batch_or_x, StatisticBatch):
+            return self.predict_theta_statistic(*self._statistic_batch(batch_or_x, y, x_query))
         return self._theta_and_prediction(*self._inputs(batch_or_x, y, x_query))[0]
+
+    @staticmethod
+    def _statistic_batch(batch: StatisticBatch, y, x_query) -> tuple[torch.Tensor, torch.Tensor]:
+        if y is not None or x_query is not None:
+            raise ValueError("pass either a StatisticBatch or tensors, not both")
+        return batch.g, batch.x_query
 
     def extra_repr(self) -> str:
         c = self.config

@@ -234,7 +234,9 @@ def sample_chi2(dof: int, size: int, generator: torch.Generator, dtype: torch.dt
 
     ``dof = 0`` gives zeros, ``dof = 1`` a squared normal; otherwise ``2 Gamma(dof / 2)`` by
     Marsaglia and Tsang's rejection method (shape ``>= 1``; more than 95% of proposals are kept,
-    and the loop redraws only the rejected ones, so the cost is ``O(size)``).
+    and the loop redraws only the rejected ones, so the cost is ``O(size)``). Computed in float64,
+    with the acceptance test written as ``d (log v - expm1(log v))`` so that it stays accurate
+    for any ``dof`` (a context of ``10^12`` tokens included), then cast to ``dtype``.
     """
     check_int("dof", dof, 0)
     if dof == 0:
@@ -243,16 +245,17 @@ def sample_chi2(dof: int, size: int, generator: torch.Generator, dtype: torch.dt
         return _standard_normal(size, generator, dtype).square()
     d = dof / 2 - 1 / 3
     c = 1 / math.sqrt(9 * d)
-    out = torch.empty(size, dtype=dtype)
+    out = torch.empty(size, dtype=torch.float64)
     todo = torch.arange(size)
     while todo.numel():
-        z = _standard_normal(todo.numel(), generator, dtype)
-        log_u = torch.rand(todo.numel(), generator=generator, dtype=dtype).log()
-        v = (1 + c * z) ** 3
-        ok = (v > 0) & (log_u < 0.5 * z.square() + d - d * v + d * v.clamp_min(1e-300).log())
-        out[todo[ok]] = 2 * d * v[ok]
+        z = _standard_normal(todo.numel(), generator, torch.float64)
+        log_u = torch.rand(todo.numel(), generator=generator, dtype=torch.float64).log()
+        positive = c * z > -1  # v = (1 + c z)^3 > 0
+        log_v = 3 * torch.log1p((c * z).clamp_min(-1 + 1e-15))
+        ok = positive & (log_u < 0.5 * z.square() + d * (log_v - torch.expm1(log_v)))
+        out[todo[ok]] = 2 * d * log_v[ok].exp()
         todo = todo[~ok]
-    return out
+    return out.to(dtype)
 
 
 def sample_statistic(
@@ -277,16 +280,16 @@ def sample_statistic(
     """
     check_task_args(n_ctx, noise_std)
     check_instance("generator", generator, torch.Generator)
-    theta = check_tensor("theta", theta, (None, None), "(B, D)").to(dtype)
+    theta = check_tensor("theta", theta, (None, None), "(B, D)").to(torch.float64)  # cast at the end
     B, D = theta.shape
-    c1 = sample_chi2(n_ctx, B, generator, dtype).sqrt()
-    c2 = sample_chi2(n_ctx - 1, B, generator, dtype).sqrt()
-    n = _standard_normal(B, generator, dtype)
+    c1 = sample_chi2(n_ctx, B, generator).sqrt()
+    c2 = sample_chi2(n_ctx - 1, B, generator).sqrt()
+    n = _standard_normal(B, generator, torch.float64)
     s_aa, s_ae, s_ee = c1.square(), c1 * n, n.square() + c2.square()  # S = T T^T
     r = theta.norm(dim=-1)
     sum_ay = r * s_aa + noise_std * s_ae
     sum_yy = (r.square() * s_aa + 2 * noise_std * r * s_ae + noise_std**2 * s_ee).clamp_min(0)
     u = torch.where(r[:, None] > 0, theta / r.clamp_min(1e-300)[:, None], torch.zeros_like(theta))
-    z = _standard_normal((B, D), generator, dtype)
+    z = _standard_normal((B, D), generator, torch.float64)
     z_perp = z - (z * u).sum(-1, keepdim=True) * u
-    return (sum_ay / n_ctx)[:, None] * u + (sum_yy.sqrt() / n_ctx)[:, None] * z_perp
+    return ((sum_ay / n_ctx)[:, None] * u + (sum_yy.sqrt() / n_ctx)[:, None] * z_perp).to(dtype)

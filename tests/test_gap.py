@@ -155,7 +155,7 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("gap")
     configs = {"A": TINY, "B": TrainConfig(**{**TINY.to_dict(), "model": "B", "steps": 5}),
                "A-gaussian": TrainConfig(**{**TINY.to_dict(), "prior": "gaussian-twin", "steps": 5}),
-               "transformer": TrainConfig(**{**TINY.to_dict(), "arch": "transformer", "steps": 5})}
+               "transformer": TrainConfig(**{**TINY.to_dict(), "arch": "transformer", "inputs": "tokens", "steps": 5})}
     for name, config in configs.items():
         train(config, out_dir=root / name, progress=False)
     return root

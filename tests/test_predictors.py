@@ -67,7 +67,7 @@ def test_compare_with_theory_pairs_the_model_with_its_baseline(trained):
     config = trained.config
     out = compare_with_theory(trained.model, config, contexts=600, seed=3)
     batches = sample_eval_batches(TreePrior(config.depth, config.alpha), config.n_ctx, config.noise_std, 600,
-                                  seed=3 + 10_000)
+                                  seed=3 + 10_000, statistic=config.statistic)
     errors = per_context_errors({"model": model_predictor(trained.model), "theory": baseline_predictor(config, 3)},
                                 batches)
     assert out["theory_name"] == "adaptive_greedy" and out["contexts"] == 600

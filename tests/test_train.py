@@ -106,12 +106,13 @@ def test_default_recipe_the_imitation_one_and_the_original_one():
     assert (default.model, default.prior, default.arch) == ("A", "tree", "constrained")
     assert (default.lr, default.warmup, default.queries, default.width) == (1e-2, 0.05, 256, 256)
     assert default.router_warm_start == 0 and not default.warm_starts
-    assert {k: getattr(default, k) for k in RECIPE} == RECIPE and set(RECIPE) == set(ORIGINAL_RECIPE)
+    assert {k: getattr(default, k) for k in RECIPE} == RECIPE and set(RECIPE) | {"inputs"} == set(ORIGINAL_RECIPE)
+    assert default.input_path == "statistic" and TrainConfig(**ORIGINAL_RECIPE).input_path == "tokens"
     imitation = TrainConfig(**IMITATION_RECIPE)
     assert (imitation.router_warm_start, imitation.router_lr_scale) == (600, 0.1) and imitation.warm_starts
     assert IMITATION_RECIPE == {**RECIPE, "router_warm_start": 600, "router_lr_scale": 0.1}
     assert ORIGINAL_RECIPE == {"lr": 3e-3, "warmup": 0.0, "queries": 64, "width": 128,
-                               "router_warm_start": 0, "router_lr_scale": 1.0}
+                               "router_warm_start": 0, "router_lr_scale": 1.0, "inputs": "tokens"}
     old = TrainConfig(**ORIGINAL_RECIPE)
     assert lr_at(0, old) == 3e-3 and old.queries == 64 and not old.warm_starts
 
@@ -394,12 +395,17 @@ def test_estimate_memory_counts_what_training_holds():
     every size flag of the CLI."""
     from fvlib.training import build_model, estimate_memory
 
-    config = dataclasses.replace(TINY, queries=1)
+    config = dataclasses.replace(TINY, queries=1, inputs="tokens")
     D = 2**config.depth - 1
     params = sum(p.numel() for p in build_model(config).parameters())
     contexts = (config.eval_contexts + 3 * config.batch) * config.n_ctx * (D + 1) + 3 * config.batch * (D + 1)
     assert estimate_memory(config) == 4.0 * (contexts + 4 * params)
     for name, value in (("depth", 5), ("n_ctx", 64), ("batch", 64), ("queries", 8), ("width", 64)):
         assert estimate_memory(dataclasses.replace(config, **{name: value})) > estimate_memory(config), name
+    # on the pooled statistic a context is D numbers, whatever N
+    statistic = dataclasses.replace(config, inputs="statistic")
+    contexts = (config.eval_contexts + 3 * config.batch) * (D + 1) + 3 * config.batch * (D + 1)
+    assert estimate_memory(statistic) == 4.0 * (contexts + 4 * params)
+    assert estimate_memory(dataclasses.replace(statistic, n_ctx=10**12)) == estimate_memory(statistic)
     wide = dataclasses.replace(config, arch="transformer", width=10**9)
     assert estimate_memory(wide) == float("inf")  # too large for torch to describe

@@ -24,7 +24,9 @@ def assert_matches_alone(batched, alone):
     assert strip_times(batched.history[:1]) == strip_times(alone.history[:1])
     assert abs(batched.final_loss - alone.final_loss) <= TOLERANCE * alone.final_loss
     for name, weight in alone.model.state_dict().items():
-        torch.testing.assert_close(batched.model.state_dict()[name], weight, rtol=1e-3, atol=1e-5)
+        # the stacked pooling adds the same products in another order; Adam, which divides by the
+        # gradient's size, carries that rounding into a few near-zero weights at the 1e-5 level
+        torch.testing.assert_close(batched.model.state_dict()[name], weight, rtol=1e-3, atol=1e-4)
 
 
 def seeds(config, n=3, **changes):
@@ -37,6 +39,7 @@ MIXED = seeds(TINY, 2) + [
     dataclasses.replace(TINY, seed=2, prior="gaussian-twin", eval_every=20, checkpoint_every=7),
     dataclasses.replace(TINY, model="B", seed=1),
     dataclasses.replace(TINY, model="C", seed=1, lr=1e-2),
+    dataclasses.replace(TINY, seed=3, inputs="tokens"),   # every token, as the stored runs
 ]
 
 
@@ -60,7 +63,7 @@ def test_batched_evaluations_match_evaluating_each_model_alone():
     for result in train_many(configs, progress=False):
         c = result.config
         alone = evaluate(result.model, build_prior(c), c.n_ctx, c.noise_std, contexts=c.eval_contexts,
-                         seed=c.effective_data_seed + EVAL_SEED_OFFSET)
+                         seed=c.effective_data_seed + EVAL_SEED_OFFSET, statistic=c.statistic)
         last = result.history[-1]
         assert last["step"] == c.steps and alone["contexts"] == c.eval_contexts
         for key in ("excess_loss", "query_loss"):
@@ -179,7 +182,7 @@ def test_shared_runs_keep_their_directories():
 OTHER = dict(model="B", prior="gaussian-twin", depth=4, alpha=0.6, n_ctx=16, noise_std=0.2, budget=2, steps=50,
              batch=16, lr=2e-3, warmup=0.1, queries=4, expected_loss=True, alpha_start=0.8, alpha_ramp=0.5,
              width=8, hidden_layers=1, router_warm_start=5, router_lr_scale=0.5, seed=3, data_seed=2, eval_every=5,
-             eval_contexts=32, checkpoint_every=7, device="auto", arch="transformer")
+             eval_contexts=32, checkpoint_every=7, device="auto", arch="transformer", inputs="tokens")
 
 
 def test_stacks_split_by_every_field_but_the_free_ones():

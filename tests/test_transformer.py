@@ -322,7 +322,8 @@ def test_cli_trains_a_transformer(tmp_path):
                   "--out", str(tmp_path / "run"), "--no-progress", "--json")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
-    assert set(result) == {"final_loss", "seconds", "checkpoint", "steps", "model", "prior"}
+    assert set(result) == {"final_loss", "seconds", "checkpoint", "steps", "model", "prior", "inputs"}
+    assert result["inputs"] == "tokens"
     _, config, _ = load_run(tmp_path / "run")
     assert config.arch == "transformer-open" and config.model == "B"
     # patch has no analogue for the open arrangement (see test_transformer_patching.py): one line, exit 2

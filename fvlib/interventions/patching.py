@@ -41,7 +41,7 @@ from .._checks import check_int
 from ..hooks import HookedModel, hook_name, replace_with
 from ..models import FVTransformer
 from ..priors import TreePrior
-from ..task import TaskBatch, make_generator
+from ..task import StatisticBatch, TaskBatch, make_generator
 from ..theory import (
     DEFAULT_CHUNK,
     PatchingResult,
@@ -82,9 +82,21 @@ def patch_keys(model: FVTransformer, target: TaskBatch, donor_keys: torch.Tensor
         return model.predict_theta(target)
 
 
+def _statistic_key_patch(model: FVTransformer, layer: int, target: StatisticBatch, donor_cache) -> list:
+    """The key patch on the pooled statistic: donor and target share their inputs ``x_i``, so the
+    target pooling the donor's keys ``G_l(Phi_donor) x_i`` against its own labels gives
+    ``phi_l = G_l(Phi_donor) g_target``; the hook puts that in place of the target's ``phi_l``."""
+    previous = (donor_cache[hook_name("workspace", layer - 1)] if layer > 1
+                else target.g.new_zeros(target.batch_size, 0))
+    return [(hook_name("phi", layer), replace_with(model.block(layer).router.pool(target.g, previous)))]
+
+
 def _patch_hooks(model: HookedModel, kind: str, layer: int, target: TaskBatch, donor_cache, device) -> list:
     """The hooks of the patch ``kind`` at ``layer``: the donor's activation (``"keys"``,
-    ``"query"``), or what the target's tokens send having read the donor's state (``"sent"``)."""
+    ``"query"``), or what the target's tokens send having read the donor's state (``"sent"``);
+    keys on the pooled statistic: :func:`_statistic_key_patch`."""
+    if isinstance(target, StatisticBatch):
+        return _statistic_key_patch(model, layer, target, donor_cache)
     if kind != "sent":
         name = hook_name(_DONOR_KIND[kind], layer)
         return [(name, replace_with(donor_cache[name]))]
@@ -100,7 +112,9 @@ def pair_patcher(model: HookedModel, read: Readout, kind: str, layers):
     l, for l in layers], target, donor)`` for :func:`fvlib.theory.patching.run_patching_sweep`;
     ``read`` reads ``theta_hat`` (:class:`~fvlib.interventions.readout.PredictTheta` or
     :class:`~fvlib.interventions.readout.EffectiveTheta`) and places the batches."""
-    donor_names = [hook_name(_DONOR_KIND[kind], l) for l in range(1, model.config.n_layers + 1)]
+    statistic = getattr(read, "statistic", False)  # the donor's workspaces give its keys' matrices
+    donor_names = [hook_name("workspace" if statistic else _DONOR_KIND[kind], l)
+                   for l in range(1, model.config.n_layers + 1)]
 
     def run_pair(target, donor):
         target, donor = read.batch(target), read.batch(donor)
@@ -125,6 +139,7 @@ def patching_sweep(
     queries: int | None = None,
     seed: int = 0,
     chunk: int = DEFAULT_CHUNK,
+    statistic: bool | None = None,
 ) -> PatchingResult:
     """Patch the donor's ``kind`` into the target at every layer ``l`` for every split level ``m``,
     read through ``readout``: ``loss[m - 1, l - 1]`` is ``E|theta_hat - theta_target|^2``.
@@ -134,9 +149,19 @@ def patching_sweep(
     probe queries per context for :class:`~fvlib.interventions.readout.EffectiveTheta`.
     ``kind`` is one of the read-out's ``patch_kinds``: ``"keys"`` (the constrained models),
     ``"sent"`` or ``"query"`` (the bottlenecked standard transformers; module docs). Used as
-    :func:`key_patching_sweep` and :func:`state_patching_sweep`.
+    :func:`key_patching_sweep` and :func:`state_patching_sweep`. ``statistic`` (key patching
+    only): run donor and target on their pooled statistics, the patched slot being
+    ``G_l(Phi_donor) g_target`` (equal to the token path to float rounding, and cheaper); ``None``
+    takes it for every model that :attr:`~fvlib.models.FVTransformer.reads_statistic`,
+    ``False`` keeps the tokens (for hooks on the per-token keys).
     """
-    read = readout(model, queries=queries, seed=seed)
+    if readout is PredictTheta:
+        read = readout(model, queries=queries, seed=seed,
+                       statistic=model.reads_statistic if statistic is None else statistic)
+    elif statistic:
+        raise ValueError(f"statistic=True is for key patching of the constrained models, not {readout.__name__}")
+    else:
+        read = readout(model, queries=queries, seed=seed)
     if kind not in read.patch_kinds:
         raise ValueError(f"kind must be one of {read.patch_kinds}, got {kind!r}")
     if kind in STATE_PATCH_KINDS and model.config.arrangement != "bottlenecked":
@@ -252,7 +277,7 @@ def patch_level_effect(
     depth = model.config.n_layers if model is not None else check_int("n_layers", n_layers, 1)
     check_int("layer", layer, 1, depth)
     run_pair = (
-        pair_patcher(model, PredictTheta(model), "keys", [layer])
+        pair_patcher(model, PredictTheta(model, statistic=model.reads_statistic), "keys", [layer])
         if model is not None
         else greedy_patcher(tree, depth, channel_tau2(tree, n_ctx, noise_std), [layer])
     )

@@ -28,7 +28,7 @@ from .._checks import check_instance, check_int
 from ..hooks import HookedModel, hook_name
 from ..models import FVTransformer
 from ..priors import TreePrior
-from ..task import TaskBatch, make_generator
+from ..task import StatisticBatch, TaskBatch, make_generator
 from ..transformer import StandardTransformer
 
 __all__ = [
@@ -141,22 +141,34 @@ class Readout:
 class PredictTheta(Readout):
     """The constrained models' read-out: ``theta_hat (B, D)`` of
     :meth:`~fvlib.models.FVTransformer.predict_theta`, on the model's device. They take no
-    probe queries (``queries`` must be ``None``)."""
+    probe queries (``queries`` must be ``None``). With ``statistic`` (a model that
+    :attr:`~fvlib.models.FVTransformer.reads_statistic`) the batches are read as their pooled
+    statistics (:meth:`~fvlib.task.TaskBatch.pooled`): no per-token keys, so ``hook_keys`` does
+    not fire; key patching then patches ``phi`` (:func:`fvlib.interventions.patching.pair_patcher`)."""
 
     #: The constrained models.
     family = FVTransformer
     #: Key patching.
     patch_kinds = ("keys",)
 
-    def __init__(self, model: FVTransformer, *, queries: int | None = None, seed: int = 0):
+    def __init__(self, model: FVTransformer, *, queries: int | None = None, seed: int = 0, statistic: bool = False):
         if queries is not None:
             raise ValueError(
                 f"queries are the standard transformers' probe queries; a constrained model outputs theta_hat "
                 f"itself, got queries={queries!r}"
             )
         super().__init__(model)
+        if statistic and not model.reads_statistic:
+            raise ValueError(f"statistic=True needs a model that reads only the pooled statistic; router "
+                             f"{model.config.router!r} reads every token")
+        self.statistic = bool(statistic)
 
-    def __call__(self, batch: TaskBatch, fwd_hooks=()) -> torch.Tensor:
+    def batch(self, batch: TaskBatch) -> TaskBatch | StatisticBatch:
+        """``batch`` on the model's device, as its pooled statistics with ``statistic``."""
+        batch = batch.to(self.device)
+        return batch.pooled() if self.statistic and isinstance(batch, TaskBatch) else batch
+
+    def __call__(self, batch: TaskBatch | StatisticBatch, fwd_hooks=()) -> torch.Tensor:
         with self.model.hooks(fwd_hooks):
             return self.model.predict_theta(batch.to(self.device))
 

@@ -95,7 +95,8 @@ def theory_cost(depth: int, n_ctx: int, budget: int, *, samples: int = 4000, opt
     ``adaptive_opt``): ``(seconds on one CPU core, peak bytes of memory)``, computed from the
     sizes alone, before any work.
 
-    The terms: drawing the statistic (``samples (N + D)``), the posteriors of the strategies
+    The terms: drawing the statistic (``samples D``: :func:`fvlib.task.sample_statistic` costs
+    nothing more for a longer context, so ``n_ctx`` is free), the posteriors of the strategies
     (``samples 2^K M`` in time, ``samples (2^K + D + K)`` numbers and the ``D x D`` coordinate
     matrix in memory), the two optimisers at their default settings, and the DP's operation
     count of :mod:`fvlib.theory.dp`. Calibrated on the book's 2-core machine; against measured
@@ -104,7 +105,7 @@ def theory_cost(depth: int, n_ctx: int, budget: int, *, samples: int = 4000, opt
     is all the CLI needs to refuse a run that cannot finish or fit.
     """
     J, D = 2**depth, 2**depth - 1
-    seconds = _SECONDS_PER_TOKEN * samples * (n_ctx + D) + _SECONDS_PER_LEAF_STEP * samples * (J * budget + 40)
+    seconds = _SECONDS_PER_TOKEN * samples * (8 + D) + _SECONDS_PER_LEAF_STEP * samples * (J * budget + 40)
     memory = 36.0 * samples * (J + D + depth) + 8.0 * D * D
     if optimised:
         seconds += _DIRECTION_STEPS * (5e-3 + _SECONDS_PER_DIRECTION_UNIT * _DIRECTION_BATCH * J * (D + budget))

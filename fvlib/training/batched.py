@@ -61,8 +61,10 @@ from .loop import (
     TrainingRun,
     TrainResult,
     expected_query_loss,
+    batch_inputs,
     progress_shown,
     query_loss,
+    readers,
     sample_training_batch,
     set_learning_rate,
 )
@@ -96,7 +98,8 @@ def _data_key(run: TrainingRun) -> tuple:
     c = run.config
     state = bytes(run.generator.get_state().numpy())
     curriculum = None if c.alpha_start is None else (c.alpha_start, c.alpha_ramp, c.steps, run.step)
-    return (c.prior, c.depth, c.alpha, c.noise_std, c.n_ctx, c.batch, c.queries, c.expected_loss, curriculum, state)
+    return (c.prior, c.depth, c.alpha, c.noise_std, c.n_ctx, c.batch, c.queries, c.expected_loss, c.input_path, curriculum,
+            state)
 
 
 class _Stream:
@@ -115,26 +118,29 @@ class _Stream:
         batch, x_query, y_query = sample_training_batch(prior, self.config, self.generator)
         if x_query is None:  # expected_loss: the context's own query token and theta instead
             x_query, y_query = batch.x_query, batch.theta
-        self.data, self._moved = (batch.x, batch.y, x_query, y_query), {}
+        self.data, self._moved = (*batch_inputs(batch), x_query, y_query), {}
 
     def on(self, device: torch.device) -> tuple:
         """``(x (B, N, D), y (B, N), x_query (B, Q, D), y_query (B, Q))`` on ``device``; with
-        ``expected_loss``, ``(x, y, x_query (B, D), theta (B, D))``."""
+        ``expected_loss``, ``(x, y, x_query (B, D), theta (B, D))``; on the pooled statistic
+        ``(g (B, D), ...)`` in place of ``x, y``."""
         key = str(device)
         if key not in self._moved:
             self._moved[key] = tuple(t.to(device) for t in self.data)
         return self._moved[key]
 
 
-class _ThetaOf(torch.nn.Module):
-    """``forward`` is the wrapped model's ``predict_theta`` (for ``functional_call``)."""
+class _Reader(torch.nn.Module):
+    """``forward`` is one of the wrapped model's readers (for ``functional_call``): its
+    prediction or ``theta_hat``, on the tokens or on the pooled statistic
+    (:func:`fvlib.training.loop.readers`)."""
 
-    def __init__(self, model: FVTransformer):
+    def __init__(self, model, statistic: bool, theta: bool):
         super().__init__()
-        self.model = model
+        self.model, self.statistic, self.theta = model, statistic, theta
 
-    def forward(self, x, y, x_query):
-        return self.model.predict_theta(x, y, x_query)
+    def forward(self, *inputs):
+        return readers(self.model, self.statistic)[int(self.theta)](*inputs)
 
 
 class _Stack:
@@ -146,8 +152,10 @@ class _Stack:
         self.step = runs[0].step
         self.device = next(runs[0].model.parameters()).device
         self.params, self.buffers = stack_module_state([run.model for run in runs])  # (k, ...) each
-        self.template = copy.deepcopy(runs[0].model).to("meta").train()
-        self.theta_template = _ThetaOf(copy.deepcopy(self.template).eval())
+        template = copy.deepcopy(runs[0].model).to("meta").train()
+        statistic = self.config.statistic
+        self.predict_template = _Reader(template, statistic, theta=False)
+        self.theta_template = _Reader(copy.deepcopy(template).eval(), statistic, theta=True)
         self.optimizer = torch.optim.Adam(self._parameter_groups(), lr=self.config.lr)
         self._stack_optimizer_state()
 
@@ -172,16 +180,16 @@ class _Stack:
                 for key in states[0]
             }
 
-    def _loss(self, params, buffers, x, y, x_query, y_query) -> torch.Tensor:
-        """One model's query loss (:func:`fvlib.training.loop.query_loss`, or with ``expected_loss``
-        :func:`fvlib.training.loop.expected_query_loss`, ``y_query`` then being ``theta``); vmapped over
-        the stack."""
+    def _loss(self, params, buffers, *data) -> torch.Tensor:
+        """One model's query loss on ``data`` (:meth:`_Stream.on`): :func:`fvlib.training.loop.query_loss`,
+        or with ``expected_loss`` :func:`fvlib.training.loop.expected_query_loss`, the last element then
+        being ``theta``; vmapped over the stack."""
+        state = {f"model.{name}": value for name, value in {**params, **buffers}.items()}
         if self.config.expected_loss:
-            state = {f"model.{name}": value for name, value in {**params, **buffers}.items()}
             theta_of = lambda *inputs: functional_call(self.theta_template, state, inputs)  # noqa: E731
-            return expected_query_loss(theta_of, x, y, x_query, y_query, self.config.noise_std)
-        model = lambda *inputs: functional_call(self.template, (params, buffers), inputs)  # noqa: E731
-        return query_loss(model, x, y, x_query, y_query)
+            return expected_query_loss(theta_of, *data, self.config.noise_std)
+        predict = lambda *inputs: functional_call(self.predict_template, state, inputs)  # noqa: E731
+        return query_loss(predict, *data)
 
     def _data(self) -> tuple[tuple, int | None]:
         """This step's contexts and their vmap axis: ``None`` when every model reads the same."""
@@ -194,17 +202,18 @@ class _Stack:
         """One Adam step of every model at ``lr_at(step)``; returns the ``k`` losses."""
         set_learning_rate(self.optimizer, lr_at(self.step, self.config))
         data, axis = self._data()
-        losses = vmap(self._loss, in_dims=(0, 0) + (axis,) * 4)(self.params, self.buffers, *data)  # (k,)
+        losses = vmap(self._loss, in_dims=(0, 0) + (axis,) * len(data))(self.params, self.buffers, *data)  # (k,)
         self.optimizer.zero_grad(set_to_none=True)
         losses.sum().backward()  # each model's gradient is that of its own loss
         self.optimizer.step()
         self.step += 1
         return losses.tolist()
 
-    def _theta(self, params, buffers, x, y, x_query) -> torch.Tensor:
-        """One model's ``theta_hat (B, D)`` (``predict_theta``); vmapped over the stack."""
+    def _theta(self, params, buffers, *inputs) -> torch.Tensor:
+        """One model's ``theta_hat (B, D)`` (``predict_theta``, or on the statistic
+        ``predict_theta_statistic``); vmapped over the stack."""
         state = {f"model.{name}": value for name, value in {**params, **buffers}.items()}
-        return functional_call(self.theta_template, state, (x, y, x_query))
+        return functional_call(self.theta_template, state, inputs)
 
     @torch.no_grad()
     def evaluate(self, members: list[int]) -> dict[int, dict]:
@@ -224,8 +233,9 @@ class _Stack:
             excess, query = [], []
             for batch in self.runs[group[0]].eval_batches:
                 batch = batch.to(self.device)
-                theta_hat = vmap(self._theta, in_dims=(0, 0, None, None, None))(
-                    params, buffers, batch.x, batch.y, batch.x_query)  # (k, B, D)
+                inputs = (*batch_inputs(batch), batch.x_query)
+                theta_hat = vmap(self._theta, in_dims=(0, 0) + (None,) * len(inputs))(
+                    params, buffers, *inputs)  # (k, B, D)
                 stack_excess, stack_query = theta_losses(theta_hat, batch)  # (k, B) each
                 excess.append(stack_excess)
                 query.append(stack_query)

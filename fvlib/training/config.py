@@ -29,6 +29,7 @@ from ..transformer import StandardTransformer, TransformerConfig, transformer_co
 
 __all__ = [
     "PRIOR_KINDS",
+    "INPUT_PATHS",
     "ARCHS",
     "EVAL_SEED_OFFSET",
     "WARM_START_SEED_OFFSET",
@@ -57,6 +58,8 @@ __all__ = [
 ]
 
 PRIOR_KINDS = ("tree", "gaussian-twin", "gaussian")
+#: What a training step draws and the model reads (:attr:`TrainConfig.inputs`).
+INPUT_PATHS = ("tokens", "statistic")
 #: ``arch -> transformer arrangement``; ``"constrained"`` is the book's models A, B, C.
 ARCHS = {"constrained": None, "transformer": "bottlenecked", "transformer-open": "open"}
 #: The evaluation contexts are drawn with ``effective_data_seed + EVAL_SEED_OFFSET``, never seen
@@ -78,6 +81,7 @@ ADDED_FIELDS = {
     "arch": "constrained",
     "expected_loss": False,
     "alpha_start": None,
+    "inputs": "tokens",
 }
 
 
@@ -136,8 +140,9 @@ WARM_START_LR = 1e-2
 #: :class:`TrainConfig` defaults: ``TrainConfig(**ORIGINAL_RECIPE, ...)`` gives the same numbers
 #: and the same :func:`run_dir_for` directories as those runs (``shared_configs`` and
 #: ``depth_sweep`` of :mod:`fvlib.catalogue` use it).
+#: Those runs drew every token of every context (``inputs = 'tokens'``), so the recipe pins that path.
 ORIGINAL_RECIPE = {"lr": 3e-3, "warmup": 0.0, "queries": 64, "width": 128, "router_warm_start": 0,
-                   "router_lr_scale": 1.0}
+                   "router_lr_scale": 1.0, "inputs": "tokens"}
 
 #: The recipe of ``python -m fvlib train --arch transformer|transformer-open`` where a flag does
 #: not say otherwise: the standard transformers of :mod:`fvlib.transformer` diverge at the
@@ -218,6 +223,16 @@ class TrainConfig:
             (the bottlenecked standard transformer of :mod:`fvlib.transformer`, models A' and
             B') or ``'transformer-open'`` (its open arrangement); for transformers ``width`` is
             ``d_model`` and ``hidden_layers`` is unused.
+        inputs: what each step draws and the model reads: ``'statistic'``, each context's pooled
+            statistic ``g`` drawn exactly without its tokens (:func:`fvlib.task.sample_statistic`,
+            ``O(D)`` a context whatever ``N``), for models that read only ``g``
+            (:attr:`fvlib.models.FVTransformer.reads_statistic`: A, B, C); or ``'tokens'``, all
+            ``N`` tokens of every context (``O(N D)``), which the standard transformers need. The two
+            train the same function on contexts of the same law, not the same draws. ``'auto'``
+            (the default) is ``'statistic'`` for the constrained models and ``'tokens'`` otherwise
+            (:attr:`input_path`); :meth:`to_dict`, and so every saved config and result file,
+            records the path that trained the run. Runs stored before the field existed read
+            ``'tokens'``.
     """
 
     model: str = "A"
@@ -246,10 +261,12 @@ class TrainConfig:
     checkpoint_every: int = 500
     device: str = "auto"
     arch: str = "constrained"
+    inputs: str = "auto"
 
     def __post_init__(self):
         if self.arch not in ARCHS:
             raise ValueError(f"arch must be one of {tuple(ARCHS)}, got {self.arch!r}")
+        self._resolve_inputs()
         kinds = MODEL_KINDS if self.arch == "constrained" else ("A", "B")
         if self.model not in kinds:
             raise ValueError(f"model must be one of {kinds} for arch {self.arch!r}, got {self.model!r}")
@@ -294,8 +311,34 @@ class TrainConfig:
         make_prior(self.prior, self.depth, self.alpha)  # validates depth and alpha
         check_budget("budget", self.budget, self.depth)
 
+    def _resolve_inputs(self) -> None:
+        """Refuse an unknown path, or one the architecture cannot take; the architecture's own path
+        is kept as ``'auto'``, so that configs of the same run are equal however they were made
+        (``TrainConfig(inputs='statistic') == TrainConfig()``, and a saved config reads back equal)."""
+        if self.inputs == self._default_path():
+            object.__setattr__(self, "inputs", "auto")
+        if self.inputs not in ("auto",) + INPUT_PATHS:
+            raise ValueError(f"inputs must be one of {('auto',) + INPUT_PATHS}, got {self.inputs!r}")
+        if self.inputs == "statistic" and self.arch != "constrained":
+            raise ValueError(f"inputs 'statistic' needs a model that reads only the pooled statistic (arch "
+                             f"'constrained'); arch {self.arch!r} reads every token")
+
+    @property
+    def input_path(self) -> str:
+        """``'statistic'`` or ``'tokens'``: :attr:`inputs`, with ``'auto'`` resolved by the architecture."""
+        return self._default_path() if self.inputs == "auto" else self.inputs
+
+    def _default_path(self) -> str:
+        return "statistic" if self.arch == "constrained" else "tokens"
+
+    @property
+    def statistic(self) -> bool:
+        """``True`` when the run trains and evaluates on the pooled statistic (:attr:`input_path`)."""
+        return self.input_path == "statistic"
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields as a JSON-able dict, ``inputs`` resolved (:attr:`input_path`): what trained the run."""
+        return {**asdict(self), "inputs": self.input_path}
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "TrainConfig":
@@ -376,14 +419,15 @@ def build_model(config: TrainConfig) -> FVTransformer | StandardTransformer:
 def estimate_memory(config: TrainConfig) -> float:
     """A rough peak memory of training ``config``, in bytes, computed before any work: the
     evaluation set and the training batch (``(eval_contexts + 3 batch) N (D + 1)`` float32
-    numbers: contexts, their gradients and copies), the query tokens, the parameters with their
+    numbers: contexts, their gradients and copies; ``N = 1`` on the pooled statistic), the query tokens, the parameters with their
     gradients and Adam moments, and for the standard transformers the attention scores
     (``N^2`` per context and layer). Against measured runs (``K = 3`` to ``8``, ``N`` up to
     2048, both architectures) it is within a factor of about 3, which is all the CLI needs to
     refuse a run that cannot fit.
     """
     D = 2**config.depth - 1
-    numbers = (config.eval_contexts + 3 * config.batch) * config.n_ctx * (D + 1)
+    per_context = D + 1 if config.statistic else config.n_ctx * (D + 1)  # what a context holds
+    numbers = (config.eval_contexts + 3 * config.batch) * per_context
     numbers += 3 * config.batch * config.queries * (D + 1)
     try:  # parameters counted on the meta device: no memory is allocated
         with torch.device("meta"):

@@ -17,7 +17,7 @@ from .._checks import check_int
 from ..models import FVTransformer
 from ..priors import Prior, TreePrior
 from ..stats import mean_and_stderr, paired_ratio, squared_error
-from ..task import TaskBatch, make_generator, sample_task
+from ..task import StatisticBatch, TaskBatch, make_generator, sample_statistic_task, sample_task
 from ..theory import (channel_tau2, evaluate_strategies, gaussian_coordinate_loss, optimise_directions,
                       strategy_predictor)
 from .config import EVAL_SEED_OFFSET, TrainConfig, build_prior
@@ -37,12 +37,16 @@ __all__ = [
     "compare_with_theory",
 ]
 
-def sample_eval_batches(prior, n_ctx, noise_std, contexts, seed, chunk=512) -> list[TaskBatch]:
+def sample_eval_batches(prior, n_ctx, noise_std, contexts, seed, chunk=512, *,
+                        statistic: bool = False) -> list[TaskBatch] | list[StatisticBatch]:
     """``contexts`` contexts drawn with ``seed``, in batches of at most ``chunk``: an evaluation
-    set (a run's is drawn with ``effective_data_seed + EVAL_SEED_OFFSET``)."""
+    set (a run's is drawn with ``effective_data_seed + EVAL_SEED_OFFSET``). With ``statistic``
+    the contexts are drawn as their pooled statistics (:func:`fvlib.task.sample_statistic_task`),
+    for the runs that train on them (:attr:`~fvlib.training.config.TrainConfig.inputs`)."""
     generator = make_generator(seed)
+    sample = sample_statistic_task if statistic else sample_task
     sizes = [min(chunk, contexts - start) for start in range(0, contexts, chunk)]
-    return [sample_task(prior, size, n_ctx, noise_std, generator) for size in sizes]
+    return [sample(prior, size, n_ctx, noise_std, generator) for size in sizes]
 
 
 @torch.no_grad()
@@ -128,13 +132,16 @@ def eval_summary(excess_all: torch.Tensor, query_all: torch.Tensor) -> dict:
 
 
 def evaluate(
-    model: FVTransformer, prior: Prior, n_ctx: int, noise_std: float, contexts: int = 4000, seed: int = 0
+    model: FVTransformer, prior: Prior, n_ctx: int, noise_std: float, contexts: int = 4000, seed: int = 0, *,
+    statistic: bool = False,
 ) -> dict:
     """Excess and query loss of ``model`` on ``contexts`` fresh contexts drawn with ``seed``.
 
     For a :class:`~fvlib.transformer.StandardTransformer` (no ``theta_hat``) the excess loss
     is ``E(y_hat_q - <theta, x_q>)^2`` over the contexts' query tokens, which equals
-    ``E|theta_hat - theta|^2`` for a prediction linear in ``x_q``.
+    ``E|theta_hat - theta|^2`` for a prediction linear in ``x_q``. ``statistic``: draw the contexts
+    as their pooled statistics (a model that reads only them, as its run's evaluation set does
+    when it trained on them; :attr:`~fvlib.training.config.TrainConfig.inputs`).
 
     Returns:
         dict with ``excess_loss`` (``E|theta_hat - theta|^2``), ``stderr`` (its standard
@@ -142,25 +149,28 @@ def evaluate(
         and ``contexts``.
     """
     check_int("contexts", contexts, 1)
-    return evaluate_batches(model, sample_eval_batches(prior, n_ctx, noise_std, contexts, seed))
+    return evaluate_batches(model, sample_eval_batches(prior, n_ctx, noise_std, contexts, seed, statistic=statistic))
 
 
 def eval_set_key(config: TrainConfig) -> tuple:
     """Configs with equal keys are evaluated on the very same contexts (their runs can share one
     evaluation set)."""
     c = config
-    return (c.prior, c.depth, c.alpha, c.n_ctx, c.noise_std, c.eval_contexts, c.effective_data_seed)
+    return (c.prior, c.depth, c.alpha, c.n_ctx, c.noise_std, c.eval_contexts, c.effective_data_seed, c.input_path)
 
 
 #: The theory baseline each model is measured against (chapter 8, *Experiments*).
 MATCHING_BASELINE = {"A": "adaptive_greedy", "B": "nonadaptive_opt", "C": "lmmse"}
 
 
-def theory_reference(config: TrainConfig, samples: int = 4000, seed: int = 0) -> dict:
+def theory_reference(config: TrainConfig, samples: int = 4000, seed: int = 0, *,
+                     directions: torch.Tensor | None = None) -> dict:
     """The theory value a model of ``config`` should be compared with.
 
     Tree prior: model A against the adaptive greedy policy, B against optimised non-adaptive
-    directions, C against LMMSE (Monte Carlo, finite-N statistics, ``samples`` contexts).
+    directions, C against LMMSE (Monte Carlo, finite-N statistics, ``samples`` contexts drawn
+    with ``seed``). ``directions``: B's ``Q (M, D)`` (e.g. stored ones); optimised with ``seed``
+    when omitted (:func:`~fvlib.theory.strategies.optimise_directions`).
     Gaussian priors: the closed form of measuring the ``M`` largest-variance coordinates, the
     same for A, B and C (depth buys nothing). Returns ``{"name", "value", "stderr", "samples"}``.
     """
@@ -170,9 +180,8 @@ def theory_reference(config: TrainConfig, samples: int = 4000, seed: int = 0) ->
         value = gaussian_coordinate_loss(torch.diagonal(prior.second_moment()), config.budget, tau2)
         return {"name": "gaussian_closed_form", "value": value, "stderr": 0.0, "samples": 0}
     name = MATCHING_BASELINE[config.model]
-    est = evaluate_strategies(
-        prior, config.n_ctx, config.noise_std, config.budget, samples=samples, seed=seed, strategies=(name,)
-    )[name]
+    est = evaluate_strategies(prior, config.n_ctx, config.noise_std, config.budget, samples=samples, seed=seed,
+                              strategies=(name,), directions=directions)[name]
     return {"name": name, "value": est.mean, "stderr": est.stderr, "samples": est.n}
 
 
@@ -208,7 +217,8 @@ def compare_with_theory(model, config: TrainConfig, contexts: int = 4000, seed: 
     """
     check_int("contexts", contexts, 2)
     prior = build_prior(config)
-    batches = sample_eval_batches(prior, config.n_ctx, config.noise_std, contexts, seed + EVAL_SEED_OFFSET)
+    batches = sample_eval_batches(prior, config.n_ctx, config.noise_std, contexts, seed + EVAL_SEED_OFFSET,
+                                  statistic=config.statistic)
     errors = per_context_losses(model, batches)[0]
     model_mean, model_se = (float(v) for v in mean_and_stderr(errors))
     if isinstance(prior, TreePrior):

@@ -40,7 +40,7 @@ from tqdm.auto import tqdm
 from .._checks import check_int
 from ..models import FVTransformer
 from ..priors import Prior
-from ..task import TaskBatch, make_generator, sample_task
+from ..task import StatisticBatch, TaskBatch, make_generator, sample_statistic_task, sample_task
 from .checkpoint import save_checkpoint, try_resume, write_config
 from .config import (
     EVAL_SEED_OFFSET,
@@ -64,6 +64,8 @@ __all__ = [
     "query_loss",
     "expected_query_loss",
     "sample_training_batch",
+    "batch_inputs",
+    "readers",
     "parameter_groups",
     "set_learning_rate",
     "training_step",
@@ -112,34 +114,63 @@ def sample_queries(
     column 0 is the batch's own query. Draws from ``generator`` (on the CPU).
     """
     B, D = batch.x_query.shape
-    extra_x = torch.randn(B, queries - 1, D, generator=generator, dtype=batch.x.dtype)
-    eps = torch.randn(B, queries - 1, generator=generator, dtype=batch.x.dtype)
+    dtype = batch.x_query.dtype
+    extra_x = torch.randn(B, queries - 1, D, generator=generator, dtype=dtype)
+    eps = torch.randn(B, queries - 1, generator=generator, dtype=dtype)
     extra_y = torch.einsum("bqd,bd->bq", extra_x, batch.theta) + batch.noise_std * eps
     x_query = torch.cat([batch.x_query[:, None, :], extra_x], dim=1)
     y_query = torch.cat([batch.y_query[:, None], extra_y], dim=1)
     return x_query, y_query
 
 
-def query_loss(model: FVTransformer, x, y, x_query, y_query) -> torch.Tensor:
-    """Mean ``(y_hat_q - y_q)^2`` over contexts and query tokens (the training objective)."""
-    return ((model(x, y, x_query) - y_query) ** 2).mean()
+def query_loss(predict, *inputs_and_target) -> torch.Tensor:
+    """Mean ``(y_hat_q - y_q)^2`` over contexts and query tokens (the training objective).
+
+    ``query_loss(model, x, y, x_query, y_query)`` on the tokens, or
+    ``query_loss(model.forward_statistic, g, x_query, y_query)`` on the pooled statistic: the last
+    argument is ``y_query``, the others go to ``predict``."""
+    *inputs, y_query = inputs_and_target
+    return ((predict(*inputs) - y_query) ** 2).mean()
 
 
-def expected_query_loss(theta_hat_of, x, y, x_query, theta, noise_std: float) -> torch.Tensor:
+def expected_query_loss(theta_hat_of, *inputs_theta_noise) -> torch.Tensor:
     """The expectation of ``query_loss`` over the query token, ``x_q ~ N(0, I)``: the mean
     over contexts of ``|theta_hat - theta|^2 + sigma^2`` (the objective of
-    :attr:`~fvlib.training.config.TrainConfig.expected_loss`). ``theta_hat_of(x, y, x_query)`` is the model's
-    ``predict_theta``."""
-    theta_hat = theta_hat_of(x, y, x_query)
+    :attr:`~fvlib.training.config.TrainConfig.expected_loss`).
+
+    ``expected_query_loss(model.predict_theta, x, y, x_query, theta, noise_std)`` on the tokens, or
+    ``expected_query_loss(model.predict_theta_statistic, g, x_query, theta, noise_std)`` on the
+    pooled statistic: the last two arguments are ``theta (B, D)`` and ``sigma``, the others go to
+    ``theta_hat_of``."""
+    *inputs, theta, noise_std = inputs_theta_noise
+    theta_hat = theta_hat_of(*inputs)
     return ((theta_hat - theta.to(theta_hat.dtype)) ** 2).sum(-1).mean() + noise_std**2
+
+
+def batch_inputs(batch: TaskBatch | StatisticBatch) -> tuple[torch.Tensor, ...]:
+    """What a model reads of a batch: ``(x (B, N, D), y (B, N))`` of a :class:`~fvlib.task.TaskBatch`,
+    ``(g (B, D),)`` of a :class:`~fvlib.task.StatisticBatch`."""
+    return (batch.g,) if isinstance(batch, StatisticBatch) else (batch.x, batch.y)
+
+
+def readers(model, statistic: bool) -> tuple:
+    """``(predict, theta_hat_of)``: the model's prediction and ``theta_hat`` on the tokens
+    (``forward``, ``predict_theta``) or on the pooled statistic (``forward_statistic``,
+    ``predict_theta_statistic``), called with :func:`batch_inputs` then ``x_query``."""
+    if statistic:
+        return model.forward_statistic, model.predict_theta_statistic
+    return model, getattr(model, "predict_theta", None)  # the standard transformers predict no theta_hat
 
 
 def sample_training_batch(
     prior: Prior, config: TrainConfig, generator: torch.Generator
 ) -> tuple[TaskBatch, torch.Tensor | None, torch.Tensor | None]:
     """One step's data: ``(batch, x_query (B, Q, D), y_query (B, Q))`` on the CPU; with
-    ``config.expected_loss``, ``(batch, None, None)`` (no query tokens are drawn)."""
-    batch = sample_task(prior, config.batch, config.n_ctx, config.noise_std, generator)
+    ``config.expected_loss``, ``(batch, None, None)`` (no query tokens are drawn). The batch is a
+    :class:`~fvlib.task.StatisticBatch` when the config trains on the pooled statistic
+    (:attr:`~fvlib.training.config.TrainConfig.inputs`), else a :class:`~fvlib.task.TaskBatch`."""
+    sample = sample_statistic_task if config.statistic else sample_task
+    batch = sample(prior, config.batch, config.n_ctx, config.noise_std, generator)
     if config.expected_loss:
         return batch, None, None
     x_query, y_query = sample_queries(batch, config.queries, generator)
@@ -164,18 +195,20 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = group.get("lr_scale", 1.0) * lr
 
 
-def training_step(model, optimizer, batch: TaskBatch, x_query, y_query, lr: float) -> float:
+def training_step(model, optimizer, batch: TaskBatch | StatisticBatch, x_query, y_query, lr: float) -> float:
     """One Adam step on the query-token loss at learning rate ``lr`` (times each parameter
     group's ``lr_scale``); returns the loss. ``x_query = y_query = None`` (the data of
-    :attr:`~fvlib.training.config.TrainConfig.expected_loss`) takes the expected loss, :func:`expected_query_loss`."""
+    :attr:`~fvlib.training.config.TrainConfig.expected_loss`) takes the expected loss, :func:`expected_query_loss`.
+    A :class:`~fvlib.task.StatisticBatch` is read on the statistic path."""
     device = next(model.parameters()).device
     set_learning_rate(optimizer, lr)
-    x, y = batch.x.to(device), batch.y.to(device)
+    inputs = tuple(t.to(device) for t in batch_inputs(batch))
+    predict, theta_hat_of = readers(model, isinstance(batch, StatisticBatch))
     if x_query is None:
-        loss = expected_query_loss(model.predict_theta, x, y, batch.x_query.to(device), batch.theta.to(device),
+        loss = expected_query_loss(theta_hat_of, *inputs, batch.x_query.to(device), batch.theta.to(device),
                                    batch.noise_std)
     else:
-        loss = query_loss(model, x, y, x_query.to(device), y_query.to(device))
+        loss = query_loss(predict, *inputs, x_query.to(device), y_query.to(device))
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
@@ -212,6 +245,7 @@ class TrainingRun:
                 config.noise_std,
                 config.eval_contexts,
                 config.effective_data_seed + EVAL_SEED_OFFSET,
+                statistic=config.statistic,
             )
         self.eval_batches = eval_batches
         self.step, self.history = 0, []
