@@ -1,14 +1,22 @@
-"""Training speed of models A, B, C at the reference configuration (chapter 6, *Tree prior*).
+"""A training step of models A, B, C on the tokens and on the pooled statistic (chapter 8,
+*Experiments*; ``TrainConfig.inputs``).
 
 Not a test: run it by hand and read the numbers.
 
-    python benchmarks/bench_train.py            # step/sampling ratios, A's time to 0.05
-    python benchmarks/bench_train.py --full     # also 3000-step final losses, tree and twin
+    python benchmarks/bench_train.py                 # K = 6, 8; N = 128, 1024 (and 4096 on the statistic)
+    python benchmarks/bench_train.py --quick         # fewer repeats, K = 6 only
+    python benchmarks/bench_train.py --device cuda   # the same on a GPU
 
-Reference configuration: tree K=6 (D=63), alpha=0.5, N=128, sigma=0, M=6, width 128,
-batch 256, Adam 3e-3 with cosine schedule. Targets on 2 CPU cores: a training step
-(forward + backward + Adam) costs at most 3x sampling that step's contexts, and model A
-reaches excess loss 0.05 within 60 s.
+Every figure is the median wall time of a **whole** step, as ``train`` takes it: drawing the
+step's contexts (every token, or each context's statistic by ``fvlib.task.sample_statistic``),
+forward, backward and Adam, with the recipe of ``python -m fvlib train`` (``LEARNING_RECIPE``:
+batch 512, width 256, the expected loss). ``ratio`` is tokens over statistic. ``GFLOP/s`` is the
+step's floating-point work (forward and backward, counted by ``torch.utils.flop_counter``) over
+its time, beside the peak of a 1024 x 1024 float32 matrix product measured in the same run on
+the same threads: how far from the floor of its arithmetic a step runs.
+
+Targets (issue "Train from the pooled statistic"), on 2 idle cores: at least 3x at K = 6,
+N = 128; at least 15x at N = 1024; the statistic step within 10% from N = 128 to N = 4096.
 """
 
 from __future__ import annotations
@@ -19,100 +27,101 @@ import statistics
 import time
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
-from fvlib.task import make_generator, sample_task
-from fvlib.training import TrainConfig, build_model, build_prior, lr_at, sample_queries, train, training_step
+from fvlib.task import make_generator
+from fvlib.training import (LEARNING_RECIPE, TrainConfig, build_model, build_prior, lr_at, resolve_device,
+                            sample_training_batch, training_step)
 
-REFERENCE = TrainConfig(
-    model="A",
-    prior="tree",
-    depth=6,
-    alpha=0.5,
-    n_ctx=128,
-    noise_std=0.0,
-    budget=6,
-    steps=3000,
-    batch=256,
-    lr=3e-3,
-    width=128,
-    device="cpu",
-)
+BASE = TrainConfig(model="A", prior="tree", depth=6, alpha=0.5, n_ctx=128, noise_std=0.0, budget=6, steps=3000,
+                   **LEARNING_RECIPE)
 
 
-def step_over_sampling(config: TrainConfig, repeats: int = 30, warmup: int = 5) -> tuple[float, float]:
-    """Median milliseconds of ``sample_task`` and of the rest of a training step, interleaved.
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
-    The step time includes drawing the extra query tokens, so the ratio is conservative.
-    """
-    prior, model = build_prior(config), build_model(config)
+
+def step_ms(config: TrainConfig, repeats: int, warmup: int = 3) -> float:
+    """Median milliseconds of a whole training step (sampling, forward, backward, Adam)."""
+    device = resolve_device(config.device)
+    prior, model = build_prior(config), build_model(config).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     generator = make_generator(config.seed)
-    sample_ms, step_ms = [], []
+    times = []
     for i in range(warmup + repeats):
-        t0 = time.perf_counter()
-        batch = sample_task(prior, config.batch, config.n_ctx, config.noise_std, generator)
-        t1 = time.perf_counter()
-        x_query, y_query = sample_queries(batch, config.queries, generator)
-        training_step(model, optimizer, batch, x_query, y_query, lr_at(i, config))
-        t2 = time.perf_counter()
+        _sync(device)
+        start = time.perf_counter()
+        training_step(model, optimizer, *sample_training_batch(prior, config, generator), lr=lr_at(i, config))
+        _sync(device)
         if i >= warmup:
-            sample_ms.append(1e3 * (t1 - t0))
-            step_ms.append(1e3 * (t2 - t1))
-    return statistics.median(sample_ms), statistics.median(step_ms)
+            times.append(1e3 * (time.perf_counter() - start))
+    return statistics.median(times)
 
 
-def seconds_to_reach(config: TrainConfig, target: float) -> tuple[float, float, int] | None:
-    """Wall seconds and CPU seconds of this process (evaluations every 50 steps included) and
-    the step at which the evaluated excess loss first drops to ``target``; ``None`` if never.
+def step_flops(config: TrainConfig) -> int:
+    """Floating-point operations of one step's forward and backward passes."""
+    device = resolve_device(config.device)
+    prior, model = build_prior(config), build_model(config).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+    data = sample_training_batch(prior, config, make_generator(config.seed))
+    with FlopCounterMode(display=False) as counter:
+        training_step(model, optimizer, *data, lr=config.lr)
+    return counter.get_total_flops()
 
-    On a machine shared with other jobs the wall time overstates the cost; CPU seconds
-    divided by the thread count is the wall time the run would take on idle cores.
-    """
-    probe = dataclasses.replace(config, eval_every=50, eval_contexts=1000)
-    cpu_start = time.process_time()
-    result = train(probe, progress=False, callback=lambda entry: entry["eval_excess_loss"] <= target)
-    cpu_seconds = time.process_time() - cpu_start
-    last = result.history[-1]
-    if last["eval_excess_loss"] > target:
-        return None
-    return last["seconds"], cpu_seconds, last["step"]
+
+def matmul_peak_gflops(device: torch.device, size: int = 1024, repeats: int = 20) -> float:
+    """GFLOP/s of a float32 ``size x size`` matrix product on ``device`` (median of ``repeats``)."""
+    a = torch.randn(size, size, device=device)
+    b = torch.randn(size, size, device=device)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        a @ b
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return 2 * size**3 / statistics.median(times) / 1e9
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2, as in CI)")
-    parser.add_argument(
-        "--full", action="store_true", help="also train A, B, C for 3000 steps on tree and twin"
-    )
-    parser.add_argument("--target", type=float, default=0.05, help="excess loss model A must reach")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, as the book's runs)")
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, ...")
+    parser.add_argument("--quick", action="store_true", help="K = 6 only, fewer repeats")
+    parser.add_argument("--repeats", type=int, default=None, help="timed steps per figure (default 15; 6 with --quick)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-
-    print("\nstep time / sampling time (batch 256, N=128, D=63, 64 query tokens):")
-    for kind in "ABC":
-        sample_ms, step_ms = step_over_sampling(dataclasses.replace(REFERENCE, model=kind))
-        ratio = step_ms / sample_ms
-        print(f"  model {kind}: sample_task {sample_ms:6.1f} ms  step {step_ms:6.1f} ms  ratio {ratio:4.2f}")
-
-    reached = seconds_to_reach(REFERENCE, args.target)
-    if reached is None:
-        print(f"\nmodel A never reached excess loss {args.target} in {REFERENCE.steps} steps")
-    else:
-        wall, cpu, step = reached
-        print(f"\nmodel A reaches excess loss {args.target} at step {step}: {wall:.1f} s wall, {cpu:.1f} s CPU")
-
-    if args.full:
-        print("\nfinal excess loss after 3000 steps (4000 evaluation contexts):")
-        for prior in ("tree", "gaussian-twin"):
-            for kind in "ABC":
-                config = dataclasses.replace(
-                    REFERENCE, model=kind, prior=prior, eval_contexts=4000, eval_every=3000
-                )
-                result = train(config, progress=False)
-                print(f"  {prior:14s} model {kind}: {result.final_loss:.4f}  ({result.seconds:.0f} s)")
+    device = resolve_device(args.device)
+    repeats = args.repeats or (6 if args.quick else 15)
+    depths = (6,) if args.quick else (6, 8)
+    peak = matmul_peak_gflops(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} CPU thread(s)"
+    print(f"torch {torch.__version__}, {name}; float32 1024^3 matrix product: {peak:.1f} GFLOP/s (same run)")
+    print("whole step (sampling + forward + backward + Adam), LEARNING_RECIPE (batch 512, width 256), median ms")
+    print(f"{'model':5s} {'K':>2s} {'N':>5s} {'tokens':>9s} {'statistic':>10s} {'ratio':>6s} "
+          f"{'GFLOP/s tokens':>15s} {'GFLOP/s statistic':>18s}")
+    for depth in depths:
+        for kind in "ABC":
+            base = dataclasses.replace(BASE, model=kind, depth=depth, budget=depth, device=args.device)
+            stat_times = {}
+            for n_ctx in (128, 1024, 4096):
+                statistic = dataclasses.replace(base, n_ctx=n_ctx, inputs="statistic")
+                stat_ms = stat_times[n_ctx] = step_ms(statistic, repeats)
+                stat_gflops = step_flops(statistic) / stat_ms / 1e6
+                if n_ctx > 1024:  # the tokens of 512 contexts of 4096 tokens: gigabytes a step
+                    print(f"{kind:5s} {depth:2d} {n_ctx:5d} {'-':>9s} {stat_ms:10.1f} {'-':>6s} {'-':>15s} "
+                          f"{stat_gflops:18.2f}")
+                    continue
+                tokens = dataclasses.replace(statistic, inputs="tokens")
+                tok_ms = step_ms(tokens, max(3, repeats // 3) if n_ctx > 128 else repeats)
+                tok_gflops = step_flops(tokens) / tok_ms / 1e6
+                print(f"{kind:5s} {depth:2d} {n_ctx:5d} {tok_ms:9.1f} {stat_ms:10.1f} {tok_ms / stat_ms:6.1f} "
+                      f"{tok_gflops:15.2f} {stat_gflops:18.2f}")
+            growth = stat_times[4096] / stat_times[128] - 1
+            print(f"      statistic step from N = 128 to N = 4096: {100 * growth:+.1f}%")
 
 
 if __name__ == "__main__":
