@@ -1,7 +1,7 @@
 """Model A trained on the tokens and on the pooled statistic at one configuration, three seeds
 each: do the two paths give the same final loss, within the seeds' spread?
 
-    python scripts/compare_input_paths.py [--steps 3000] [--json out.json]
+    python scripts/compare_input_paths.py [--steps 3000] [--device cuda] [--json out.json]
 
 Tree K = 5, alpha = 0.6, N = 96, sigma = 0.1, M = 5 (a configuration the book does not train),
 ``LEARNING_RECIPE`` with its curriculum (``recipe_for``), seeds 0, 1, 2, each seed its own data
@@ -23,19 +23,20 @@ import torch
 
 from fvlib.training import TrainConfig, recipe_for, train_many
 
-TASK = dict(model="A", prior="tree", depth=5, alpha=0.6, n_ctx=96, noise_std=0.1, budget=5, device="cpu")
+TASK = dict(model="A", prior="tree", depth=5, alpha=0.6, n_ctx=96, noise_std=0.1, budget=5)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--json", default=None, help="also write the numbers to this file")
+    parser.add_argument("--device", default="cpu", help="cpu (default, one thread), cuda, ...")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    out = {"task": TASK, "steps": args.steps, "paths": {}}
+    out = {"task": TASK, "steps": args.steps, "device": args.device, "paths": {}}
     for inputs in ("statistic", "tokens"):
         configs = [TrainConfig(**TASK, **recipe_for("constrained", "tree", TASK["alpha"]), steps=args.steps,
-                               seed=seed, inputs=inputs) for seed in (0, 1, 2)]
+                               seed=seed, inputs=inputs, device=args.device) for seed in (0, 1, 2)]
         start = time.perf_counter()
         results = train_many(configs, progress=False)
         losses = [r.final_loss for r in results]

@@ -32,6 +32,7 @@ def tiny(monkeypatch, tmp_path):
     experiment = store.Experiment("depth-sweep-k6", "tiny", "x", items,
                                   store._tree_theory(3, 0.5, 32, 0.0, range(1, 4)), gap_variants=("A-scratch",))
     monkeypatch.setitem(store.EXPERIMENTS, "depth-sweep-k6", experiment)
+    monkeypatch.setattr(store, "OPTIMISER_STARTS", 2)   # the best of two starts: quicker, the same code path
     monkeypatch.setenv("FVLIB_RUN_ROOT", str(tmp_path / "runs"))
     monkeypatch.setenv(store.RESULTS_ENV, str(tmp_path / "results"))
     return experiment, tmp_path
@@ -112,6 +113,28 @@ def test_verify_recomputes_the_theory_and_run_refreshes_it(tiny, capsys):
     assert main(["experiment", "run", "depth-sweep-k6", "--refresh-theory", "--no-progress"]) == 0
     fresh = json.loads(path.read_text())
     assert fresh["runs"] == data["runs"] and store.verify("depth-sweep-k6", runs=1)["ok"]
+
+
+def test_refresh_theory_recomputes_only_the_references(tiny, monkeypatch):
+    """refresh_theory trains nothing, even with runs missing, and keeps every stored run; the
+    references and their parameters file are written anew."""
+    _, tmp = tiny
+    with pytest.raises(store.ResultError, match="no stored result"):
+        store.refresh_theory("depth-sweep-k6")
+    first = store.run("depth-sweep-k6", progress=False, max_items=1)
+    params = tmp / "results" / "depth-sweep-k6.theory.safetensors"
+    assert params.is_file() and first["theory"]["optimiser_starts"] == 2
+    params.unlink()
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("refresh_theory trained a run")
+
+    monkeypatch.setattr(store, "_train_item", no_training)
+    monkeypatch.setattr(store, "train_many", no_training)
+    data = store.refresh_theory("depth-sweep-k6")
+    assert data["runs"] == first["runs"] and len(data["runs"]) == 2 and params.is_file()
+    assert json.loads((tmp / "results" / "depth-sweep-k6.json").read_text())["theory"] == data["theory"]
+    assert store._check_theory("depth-sweep-k6", data)["differences"] == []
 
 
 def test_load_result_refuses_missing_corrupt_and_foreign_files(tiny, capsys):
@@ -203,6 +226,9 @@ def test_every_stored_result_loads_and_its_configs_build(name):
     # the rules the file states are the ones verify and run apply today
     assert data["tolerance_rule"] == store.TOLERANCE_RULE
     assert data["theory_tolerance_rule"] == store.THEORY_TOLERANCE_RULE, "run `experiment run` to update"
+    # the optimised parameters of its references beside it, found as the file says
+    _, metadata = store.load_theory_params(name)
+    assert int(metadata["optimiser_starts"]) == data["theory"]["optimiser_starts"] == store.OPTIMISER_STARTS
 
 
 @pytest.mark.parametrize("name", STORED)
@@ -433,23 +459,31 @@ def test_the_readme_store_table_is_the_stored_provenance():
 
 
 def test_theory_differences_follow_the_stated_rule():
-    """A Monte Carlo mean may move within 3 stored standard errors, a standard error by 10%,
-    anything else by a relative 1e-6; a changed name or a missing value is a difference."""
-    stored = {"curves": {"g": {"mean": [0.5, 0.2], "stderr": [0.01, 0.01]}}, "tau2": 0.25,
-              "A/tree": {"name": "adaptive_greedy", "value": 0.1, "stderr": 0.002}, "budgets": [1, 2]}
+    """A Monte Carlo mean of a strategy that chooses its measurements may move within 3 stored
+    standard errors, its standard error by 10%; any other number (a fixed rule's Monte Carlo
+    mean too) by a relative 1e-6; a changed name or a missing value is a difference."""
+    stored = {"curves": {"adaptive_opt": {"mean": [0.5, 0.2], "stderr": [0.01, 0.01]},
+                         "nonadaptive_opt": {"mean": [0.6, 0.3], "stderr": [0.01, 0.01]}}, "tau2": 0.25,
+              "A/tree": {"name": "adaptive_greedy", "value": 0.1, "stderr": 0.002},
+              "B/tree": {"name": "nonadaptive_opt", "value": 0.3, "stderr": 0.002}, "budgets": [1, 2]}
     same = json.loads(json.dumps(stored))
     assert store.theory_differences(stored, same) == []
     moved = json.loads(json.dumps(stored))
-    moved["curves"]["g"]["mean"][1] = 0.2 + 0.029           # within 3 s.e.
-    moved["curves"]["g"]["stderr"][0] = 0.0105              # within 10%
+    moved["curves"]["adaptive_opt"]["mean"][1] = 0.2 + 0.029           # within 3 s.e.
+    moved["curves"]["adaptive_opt"]["stderr"][0] = 0.0105              # within 10%
+    moved["curves"]["nonadaptive_opt"]["mean"][1] = 0.3 * (1 + 5e-7)   # rounding
     moved["A/tree"]["value"] = 0.1 - 0.0059
     assert store.theory_differences(stored, moved) == []
-    moved["curves"]["g"]["mean"][0] = 0.5 + 0.031           # beyond 3 s.e.
-    moved["tau2"] = 0.25 * (1 + 1e-5)                       # a closed form that moved
+    moved["curves"]["adaptive_opt"]["mean"][0] = 0.5 + 0.031           # beyond 3 s.e.
+    moved["curves"]["nonadaptive_opt"]["mean"][0] = 0.6 + 0.001        # a fixed rule: within 3 s.e., still moved
+    moved["curves"]["nonadaptive_opt"]["stderr"][1] = 0.0105
+    moved["B/tree"]["value"] = 0.3 + 0.001
+    moved["tau2"] = 0.25 * (1 + 1e-5)                                   # a closed form that moved
     moved["A/tree"]["name"] = "adaptive_opt"
     del moved["budgets"][1]
     paths = [d["path"] for d in store.theory_differences(stored, moved)]
-    assert paths == ["A/tree/name", "budgets/1", "curves/g/mean/0", "tau2"], paths
+    assert paths == ["A/tree/name", "B/tree/value", "budgets/1", "curves/adaptive_opt/mean/0",
+                     "curves/nonadaptive_opt/mean/0", "curves/nonadaptive_opt/stderr/1", "tau2"], paths
 
 
 def test_run_plans_the_runs_a_grown_definition_adds(tiny, monkeypatch):

@@ -26,10 +26,13 @@ from .adaptive_opt import (
     AdaptivePolicy,
     FixedRows,
     GreedyRule,
+    POLICY_KINDS,
     OptimisedPolicy,
     PolicyRollout,
     optimise_adaptive_policy,
+    policy_from_state,
     policy_rollout,
+    policy_state,
 )
 from .baselines import theory_baselines, theory_cost
 from .channel import FiniteSampleChannel, GaussianChannel, sample_statistic

@@ -51,6 +51,9 @@ __all__ = [
     "policy_rollout",
     "OptimisedPolicy",
     "optimise_adaptive_policy",
+    "POLICY_KINDS",
+    "policy_state",
+    "policy_from_state",
 ]
 
 #: A row whose part orthogonal to the earlier rows is shorter than this re-measures them.
@@ -308,3 +311,55 @@ def optimise_adaptive_policy(
     scores["learned"] = score(learned)
     kind = min(scores, key=scores.get)
     return OptimisedPolicy(candidates[kind], kind, learned, scores, time.perf_counter() - start)
+
+
+#: The kinds of policy :func:`optimise_adaptive_policy` keeps, by the code :func:`policy_state` stores.
+POLICY_KINDS = ("learned", "greedy", "nonadaptive_opt")
+
+
+def policy_state(policy: OptimisedPolicy) -> dict[str, torch.Tensor]:
+    """The tensors that rebuild the kept policy of ``policy`` (:func:`policy_from_state`): ``kind``
+    (0-d int64, its index in :data:`POLICY_KINDS`); for the kind ``"learned"`` the trained
+    :class:`AdaptivePolicy` by its parameter names (``base (L, D)``, ``mix (L,)``, ``log_beta
+    (L,)``, ``gates.<i>.<j>.weight`` and ``.bias``: its MLPs, none at ``L = 1``); for the kind
+    ``"nonadaptive_opt"`` its rows ``rows (L, D)``; nothing more for ``"greedy"`` (a trained
+    policy that was not kept is not saved). Float64 but ``kind``; copies."""
+    state = {"kind": torch.tensor(POLICY_KINDS.index(policy.kind))}
+    if policy.kind == "learned":
+        state.update({k: v.detach().clone() for k, v in policy.learned.state_dict().items()})
+    elif policy.kind == "nonadaptive_opt":
+        state["rows"] = policy.policy.rows.clone()
+    return state
+
+
+def policy_from_state(tree: TreePrior, n_layers: int, state: dict, **kwargs) -> OptimisedPolicy:
+    """The :class:`OptimisedPolicy` of ``n_layers`` layers on ``tree`` whose kept policy
+    :func:`policy_state` saved as ``state``; ``kwargs``: the :class:`AdaptivePolicy` arguments it
+    was trained with (``width``, ``hidden_layers``; by default those of
+    :func:`optimise_adaptive_policy`). Its ``validation`` is empty, its ``seconds`` 0, and unless
+    the kind is ``"learned"`` its ``learned`` is an untrained :class:`AdaptivePolicy` (the trained
+    one was not saved). Raises ``ValueError`` naming a missing, unknown or misshapen tensor."""
+    state = dict(state)
+    if "kind" not in state:
+        raise ValueError(f"state holds no 'kind'; it holds {sorted(state)}")
+    code = int(state.pop("kind"))
+    if not 0 <= code < len(POLICY_KINDS):
+        raise ValueError(f"state's kind must be a code of {POLICY_KINDS} (0 to {len(POLICY_KINDS) - 1}), got {code}")
+    kind = POLICY_KINDS[code]
+    rows = state.pop("rows", None) if kind == "nonadaptive_opt" else None
+    if kind == "nonadaptive_opt" and (rows is None or tuple(rows.shape) != (n_layers, tree.dim)):
+        raise ValueError(f"state of kind 'nonadaptive_opt' needs rows of shape ({n_layers}, {tree.dim}), got "
+                         f"{None if rows is None else tuple(rows.shape)}")
+    if kind != "learned" and state:
+        raise ValueError(f"state of kind {kind!r} holds unknown tensors {sorted(state)}")
+    with torch.random.fork_rng(devices=[]):  # initial weights overwritten or unused: global RNG untouched
+        learned = AdaptivePolicy(tree, n_layers, **kwargs)
+    if kind == "learned":
+        try:
+            learned.load_state_dict(state)
+        except RuntimeError as err:
+            raise ValueError(f"state does not fit an AdaptivePolicy of {n_layers} layers on D = {tree.dim}: "
+                             f"{' '.join(str(err).split())}") from None
+    learned.eval()
+    policy = learned if kind == "learned" else GreedyRule(tree) if kind == "greedy" else FixedRows(rows)
+    return OptimisedPolicy(policy, kind, learned)
