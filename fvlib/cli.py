@@ -245,10 +245,14 @@ def _add_experiment_parser(sub) -> None:
     run.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     run.add_argument("--json", action="store_true", help="print one JSON object")
     run.set_defaults(handler=_run_experiment_run)
-    check = verbs.add_parser("verify", help="retrain the cheapest stored runs and compare with the store")
+    check = verbs.add_parser("verify", help="retrain a prefix of each model family's cheapest stored run (--full: "
+                                             "whole runs) and re-evaluate the references; compare with the store")
     check.add_argument("name")
-    check.add_argument("--runs", type=_positive_int("--runs"), default=1, help="how many runs to retrain")
-    check.add_argument("--no-theory", action="store_true", help="do not recompute the theory references")
+    check.add_argument("--full", action="store_true",
+                       help="retrain whole runs (the --runs cheapest) and re-optimise the references for "
+                            "information, instead of the quick check of a prefix per model family")
+    check.add_argument("--runs", type=_positive_int("--runs"), default=1, help="with --full: how many runs to retrain")
+    check.add_argument("--no-theory", action="store_true", help="do not re-evaluate the theory references")
     check.add_argument("--json", action="store_true", help="print one JSON object")
     check.set_defaults(handler=_run_experiment_verify)
     show = verbs.add_parser("show", help="the stored summary and provenance of an experiment")
@@ -567,25 +571,32 @@ def _run_experiment_run(args) -> dict:
 def _run_experiment_verify(args) -> dict:
     from .store import verify
 
-    result = verify(_experiment_name(args.name), runs=args.runs, theory=not args.no_theory)
+    if args.runs != 1 and not args.full:
+        raise CliError(f"--runs {args.runs} needs --full (the quick check retrains one prefix per model family)")
+    result = verify(_experiment_name(args.name), runs=args.runs, theory=not args.no_theory, full=args.full)
     theory = result["theory"]
     if not result["ok"]:
         bad = [c for c in result["checked"] if not c["ok"]]
-        detail = [f"{c['key']}: stored {c['stored']:.6g}, retrained {c['retrained']:.6g}, "
-                  f"tolerance {c['tolerance']:.3g}" for c in bad]
+        detail = [f"{c['key']}: stored {c['stored']:.6g}, retrained {c['retrained']:.6g} at step {c['steps']}, "
+                  f"tolerance {c['tolerance']:.3g}" + (" (relative)" if result["mode"] == "prefix" else "")
+                  for c in bad]
         if theory and theory["differences"]:
             diffs = theory["differences"]
             detail.append(f"{len(diffs)} theory value(s) differ, e.g. {diffs[0]['path']}: stored "
-                          f"{diffs[0]['stored']}, recomputed {diffs[0]['fresh']} (refresh with "
-                          f"`python -m fvlib experiment run {args.name} --refresh-theory`)")
+                          f"{diffs[0]['stored']}, re-evaluated {diffs[0]['fresh']} (after a fix of the theory "
+                          f"code: `python -m fvlib experiment run {args.name} --refresh-theory`)")
         raise CliError(f"experiment {args.name} does not reproduce: {'; '.join(detail)}")
     if args.json:
         return result
-    return {"experiment": args.name, "ok": True, "configs_rebuilt": result["configs_rebuilt"],
-            **{c["key"]: f"stored {c['stored']:.6g}, retrained {c['retrained']:.6g} "
-                         f"(tolerance {c['tolerance']:.3g}, {c['seconds']} s)" for c in result["checked"]},
-            "theory": (f"{theory['checked']} stored values recomputed, all within tolerance ({theory['seconds']} s)"
-                       if theory else "not checked")}
+    out = {"experiment": args.name, "ok": True, "mode": result["mode"], "configs_rebuilt": result["configs_rebuilt"],
+           **{c["key"]: f"stored {c['stored']:.6g}, retrained {c['retrained']:.6g} at step {c['steps']} "
+                        f"(tolerance {c['tolerance']:.3g}{' relative' if result['mode'] == 'prefix' else ''}, "
+                        f"{c['seconds']} s)" for c in result["checked"]},
+           "theory": (f"{theory['checked']} stored values re-evaluated from the stored parameters, all within "
+                      f"tolerance ({theory['seconds']} s)" if theory else "not checked")}
+    if theory and theory.get("reoptimised"):
+        out["re-optimised (information only)"] = json.dumps(theory["reoptimised"])[:300]
+    return out
 
 
 def _run_experiment_show(args) -> dict:

@@ -77,8 +77,8 @@ def test_run_writes_every_field_and_resumes(tiny):
 def test_verify_reproduces_and_fails_on_a_changed_number(tiny):
     _, tmp = tiny
     store.run("depth-sweep-k6", progress=False)
-    report = store.verify("depth-sweep-k6", runs=1)
-    assert report["ok"] and report["configs_rebuilt"] == 4
+    report = store.verify("depth-sweep-k6", runs=1, full=True)
+    assert report["ok"] and report["configs_rebuilt"] == 4 and report["mode"] == "full"
     checked = report["checked"][0]
     assert checked["key"].startswith("B/")  # the cheapest run
     assert checked["difference"] == 0.0   # batched as it was stored, on the same CPU: the same bits
@@ -88,8 +88,41 @@ def test_verify_reproduces_and_fails_on_a_changed_number(tiny):
         if key.startswith("B/"):
             data["runs"][key]["final_loss"] *= 1.5  # a number that no longer reproduces
     path.write_text(json.dumps(data))
-    assert not store.verify("depth-sweep-k6", runs=1)["ok"]
-    assert main(["experiment", "verify", "depth-sweep-k6"]) == 2
+    assert not store.verify("depth-sweep-k6", runs=1, full=True)["ok"]
+    assert main(["experiment", "verify", "depth-sweep-k6", "--full"]) == 2
+
+
+def test_the_quick_check_retrains_a_prefix_per_family_and_fails_on_a_changed_history(tiny):
+    """verify's default: one run per model family (A here of two layers or more), retrained to its
+    first evaluation, compared with the stored history within the definition's tolerance."""
+    experiment, tmp = tiny
+    store.run("depth-sweep-k6", progress=False)
+    report = store.verify("depth-sweep-k6")
+    assert report["ok"] and report["mode"] == "prefix"
+    assert sorted(c["key"].split("/")[0] for c in report["checked"]) == ["A-scratch", "B"]
+    data = json.loads((tmp / "results" / "depth-sweep-k6.json").read_text())
+    assert data["prefix_rule"] == store.PREFIX_RULE.format(rtol=experiment.prefix_rtol)
+    for check in report["checked"]:
+        record = data["runs"][check["key"]]
+        assert check["steps"] == record["history"][1]["step"] and check["relative"] < 1e-6  # same CPU
+    key = report["checked"][0]["key"]
+    data["runs"][key]["history"][1]["eval_excess_loss"] *= 1 + 2 * experiment.prefix_rtol
+    (tmp / "results" / "depth-sweep-k6.json").write_text(json.dumps(data))
+    assert not store.verify("depth-sweep-k6", theory=False)["ok"]
+    assert main(["experiment", "verify", "depth-sweep-k6", "--no-theory"]) == 2
+    assert main(["experiment", "verify", "depth-sweep-k6", "--runs", "2"]) == 2  # --runs needs --full
+
+
+@pytest.mark.slow
+def test_a_one_line_change_to_the_gated_router_fails_the_quick_check(monkeypatch):
+    """The check make test runs catches a change to what model A computes: the gated router's
+    forward without its gate (``measure(x, self.base)``, one line) trains another model."""
+    from fvlib.models import GatedRouter, measure
+
+    assert store.verify("recipes-a", theory=False)["ok"]
+    monkeypatch.setattr(GatedRouter, "forward", lambda self, x, workspace: measure(x, self.base))
+    report = store.verify("recipes-a", theory=False)
+    assert not report["ok"] and report["checked"][0]["relative"] > 2 * store.PREFIX_RTOL
 
 
 def test_verify_recomputes_the_theory_and_run_refreshes_it(tiny, capsys):
