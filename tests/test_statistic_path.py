@@ -172,6 +172,8 @@ def test_key_patching_on_the_statistic_is_key_patching_on_the_tokens():
     torch.testing.assert_close(pooled.loss, tokens.loss, rtol=1e-5, atol=1e-7)
     assert pooled.baseline == pytest.approx(tokens.baseline, rel=1e-5)
     assert float((tokens.loss - tokens.baseline_by_level[:, None]).abs().max()) > 1e-3  # the patch acts
+    double = key_patching_sweep(model.double(), tree, 32, 0.0, contexts=300)  # float64 weights, float32 contexts
+    torch.testing.assert_close(double.loss, tokens.loss, rtol=1e-4, atol=1e-6)
 
 
 # ----- the config records the path ------------------------------------------------------------

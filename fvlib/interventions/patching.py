@@ -86,9 +86,9 @@ def _statistic_key_patch(model: FVTransformer, layer: int, target: StatisticBatc
     """The key patch on the pooled statistic: donor and target share their inputs ``x_i``, so the
     target pooling the donor's keys ``G_l(Phi_donor) x_i`` against its own labels gives
     ``phi_l = G_l(Phi_donor) g_target``; the hook puts that in place of the target's ``phi_l``."""
-    previous = (donor_cache[hook_name("workspace", layer - 1)] if layer > 1
-                else target.g.new_zeros(target.batch_size, 0))
-    return [(hook_name("phi", layer), replace_with(model.block(layer).router.pool(target.g, previous)))]
+    g = target.g.to(next(model.parameters()).dtype)  # as the model's own forward casts it
+    previous = donor_cache[hook_name("workspace", layer - 1)] if layer > 1 else g.new_zeros(target.batch_size, 0)
+    return [(hook_name("phi", layer), replace_with(model.block(layer).router.pool(g, previous)))]
 
 
 def _patch_hooks(model: HookedModel, kind: str, layer: int, target: TaskBatch, donor_cache, device) -> list:
