@@ -1148,8 +1148,8 @@ def _stderr_path(path: str) -> str | None:
     return None
 
 
-#: The strategies whose measurements depend on the context: a near tie of their choice can break
-#: the other way on another CPU (:data:`THEORY_TOLERANCE_RULE`).
+#: Strategies whose measurements depend on the context, so that a near tie of their choice can
+#: break the other way on another CPU (see :data:`THEORY_TOLERANCE_RULE`).
 CHOOSING_STRATEGIES = ("adaptive_greedy", "adaptive_opt")
 
 
@@ -1165,7 +1165,7 @@ def theory_differences(stored: dict, fresh: dict) -> list[dict]:
     """Where a re-evaluated theory ``fresh`` differs from the ``stored`` one, by
     :data:`THEORY_TOLERANCE_RULE`: one ``{"path", "stored", "fresh", "tolerance"}`` per leaf that
     differs (a leaf present in only one of them counts, with ``None`` for the missing side). A
-    number of a strategy that chooses (:func:`_chooses`) may move by 3 of its stored standard
+    number of a strategy that chooses its measurements (:data:`CHOOSING_STRATEGIES`) may move by 3 of its stored standard
     errors (a mean) or 10% (a standard error); any other by a relative 1e-6."""
     old, new = _numbers(stored), _numbers(fresh)
     out = []
