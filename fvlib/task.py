@@ -71,18 +71,7 @@ class TaskBatch:
 
     def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> "TaskBatch":
         """Move the float tensors to ``device`` (and ``dtype``); signs stay integer."""
-        def move(t):
-            return t.to(device=device, dtype=dtype or t.dtype)
-
-        return replace(
-            self,
-            x=move(self.x),
-            y=move(self.y),
-            x_query=move(self.x_query),
-            y_query=move(self.y_query),
-            theta=move(self.theta),
-            signs=None if self.signs is None else self.signs.to(device),
-        )
+        return _moved(self, ("x", "y", "x_query", "y_query", "theta"), device, dtype)
 
     def sufficient_statistic(self) -> torch.Tensor:
         """``g_hat = (1/N) sum_i y_i x_i``, shape ``(B, D)``.
@@ -123,15 +112,19 @@ class StatisticBatch:
 
     def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> "StatisticBatch":
         """Move the float tensors to ``device`` (and ``dtype``); signs stay integer."""
-        def move(t):
-            return t.to(device=device, dtype=dtype or t.dtype)
-
-        return replace(self, g=move(self.g), x_query=move(self.x_query), y_query=move(self.y_query),
-                       theta=move(self.theta), signs=None if self.signs is None else self.signs.to(device))
+        return _moved(self, ("g", "x_query", "y_query", "theta"), device, dtype)
 
     def sufficient_statistic(self) -> torch.Tensor:
         """``g``, shape ``(B, D)`` (as :meth:`TaskBatch.sufficient_statistic`)."""
         return self.g
+
+
+def _moved(batch, float_fields, device, dtype):
+    """``batch`` (a frozen dataclass) with ``float_fields`` moved to ``device`` (and ``dtype``) and
+    its integer ``signs`` to ``device``."""
+    moved = {name: getattr(batch, name).to(device=device, dtype=dtype or getattr(batch, name).dtype)
+             for name in float_fields}
+    return replace(batch, **moved, signs=None if batch.signs is None else batch.signs.to(device))
 
 
 def check_task_args(n_ctx: int, noise_std: float) -> None:
