@@ -530,7 +530,8 @@ class TrainingExplorer(Explorer):
             self.progress.update(1)
             if step in extra and not self._stop.is_set():
                 result = evaluate(model, prior, config.n_ctx, config.noise_std, contexts=config.eval_contexts,
-                                  seed=config.effective_data_seed + EVAL_SEED_OFFSET)  # the run's own set
+                                  seed=config.effective_data_seed + EVAL_SEED_OFFSET,  # the run's own set,
+                                  statistic=config.statistic)  # read as the run reads it
                 live.append({"step": step, "eval_excess_loss": result["excess_loss"]})
                 redraw(step)
             return self._stop.is_set()
