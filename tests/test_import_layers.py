@@ -80,7 +80,8 @@ def _layers(package: str) -> list[list[str]]:
     return layers
 
 
-LAYERED = ["fvlib", "fvlib.theory", "fvlib.training", "fvlib.interventions", "fvlib.plots", "fvlib.explorers"]
+LAYERED = ["fvlib", "fvlib.theory", "fvlib.training", "fvlib.interventions", "fvlib.plots", "fvlib.explorers",
+           "fvlib.course"]
 
 
 def _unit(module: str, package: str) -> str | None:

@@ -73,6 +73,7 @@ from .patching import (
     chunk_sizes,
     donor_signs,
     greedy_patcher,
+    ideal_patching_mask,
     noisefree_patching_loss,
     patching_pairs,
     run_patching_sweep,

@@ -16,6 +16,8 @@ appendix *Conventions*, section "Donor, target and the split level".
   very same pairs;
 * :func:`theory_patching_sweep` -- the heatmap of the greedy theory policy (or any direction
   policy): its "keys" at layer ``l`` are the node (direction) it measures there;
+* :func:`ideal_patching_mask` -- the ideal pattern: the patch changes what the target measures
+  exactly when ``l > m``;
 * :func:`noisefree_patching_loss` -- without channel noise a later outcome reveals the skipped
   sign, so a patch at ``l > m`` costs the greedy policy only ``alpha^(K-1) / 2^(K-l)``;
 * :func:`theory_patching_row` -- with noise the early patches can cost more: one row of the
@@ -58,6 +60,7 @@ __all__ = [
     "sample_pair_statistics",
     "PatchingRow",
     "theory_patching_row",
+    "ideal_patching_mask",
 ]
 
 #: Contexts per forward pass in the sweeps (it bounds the memory, ``chunk * N * D`` floats).
@@ -516,3 +519,20 @@ def theory_patching_row(
         n_contexts=contexts,
     )
 
+
+def ideal_patching_mask(depth: int, n_layers: int) -> torch.Tensor:
+    """The ideal key-patching pattern as a boolean ``(K, L)`` mask: ``mask[m - 1, l - 1]`` is
+    ``True`` (the patch changes what the target measures) exactly when ``l > m``.
+
+    A donor path that splits off at level ``m`` shares the nodes of levels ``0..m-1`` with the
+    target. In the ideal adaptive model layer ``l`` measures the path node of level ``l - 1``, so
+    donor keys at layers ``l <= m`` route the target to its own node (no effect) and at
+    ``l > m`` to a node off its path. That wastes one layer, not every level below it: a later
+    outcome reveals the skipped sign, so without noise (and ``L = K``) the expected cost is only
+    ``alpha^(K-1) / 2^(K-l)`` (:func:`fvlib.theory.patching.noisefree_patching_loss`).
+    """
+    check_int("depth", depth, 1)
+    check_int("n_layers", n_layers, 1)
+    m = torch.arange(1, depth + 1)[:, None]
+    l = torch.arange(1, n_layers + 1)[None, :]
+    return l > m

@@ -9,7 +9,7 @@ import nbformat
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BOOK = ROOT / "book"
 COURSE = BOOK / "course"
 PROBLEM_SETS = sorted(COURSE.glob("problem_set_*.ipynb"))
