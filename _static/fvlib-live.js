@@ -1,7 +1,7 @@
 /* fvlib-live.js: the explorers of the static book, live without a kernel.
  *
  * Written for this book (no library, nothing loaded from outside the site). Each explorer's
- * HTML view (fvlib.explorers.widgets, fvlib.explorers.live) holds its states
+ * HTML view (fvlib.explorers.base, fvlib.explorers.live) holds its states
  * (fvlib.explorers.states) on a grid of control values as
  * <script type="application/json" class="fvlib-live-data">, computed by fvlib when the page was
  * built. This module builds the controls (range sliders over the grid values, or selects),

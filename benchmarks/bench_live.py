@@ -17,8 +17,11 @@ from pathlib import Path
 import torch
 
 from fvlib import TreePrior
-from fvlib.explorers import widgets
 from fvlib.explorers.live import grid_states
+from fvlib.explorers.patching import patching_explorer
+from fvlib.explorers.prior import prior_explorer
+from fvlib.explorers.strategy import strategy_explorer
+from fvlib.explorers.training import training_explorer
 
 
 def measure(name: str, explorer) -> None:
@@ -39,18 +42,18 @@ def main():
     from fvlib.theory import theory_patching_sweep
     from fvlib.training import TrainConfig, run_dir_for, train
 
-    measure("prior", widgets.prior_explorer(depth=4, alpha=0.5, seed=0))                      # chapter 2
-    measure("strategy", widgets.strategy_explorer(depth=6, budget=6, alpha=0.5, n_ctx=128,    # chapter 6
-                                                  noise_std=0.0, samples=1000, seed=0))
-    measure("training", widgets.training_explorer(base=shared_configs()[("A", "tree")]))      # chapter 8
+    measure("prior", prior_explorer(depth=4, alpha=0.5, seed=0))                      # chapter 2
+    measure("strategy", strategy_explorer(depth=6, budget=6, alpha=0.5, n_ctx=128,    # chapter 6
+                                          noise_std=0.0, samples=1000, seed=0))
+    measure("training", training_explorer(base=shared_configs()[("A", "tree")]))      # chapter 8
     config = TrainConfig(model="A", prior="tree", depth=5, alpha=0.5, n_ctx=128, budget=5,    # chapter 10
                          steps=1500, device="auto")
     model = train(config, out_dir=run_dir_for(config), progress=False).model
     tree = TreePrior(5, 0.5)
     sweep = key_patching_sweep(model, tree, 128, 0.0, contexts=2000, seed=0)
     theory = theory_patching_sweep(tree, 128, 0.0, n_layers=5, contexts=2000, seed=0)
-    measure("patching", widgets.patching_explorer(tree, model=model, sweep=sweep, theory_sweep=theory, n_ctx=128,
-                                                  noise_std=0.0, split_level=1, layer=3, contexts=2000, seed=0))
+    measure("patching", patching_explorer(tree, model=model, sweep=sweep, theory_sweep=theory, n_ctx=128,
+                                          noise_std=0.0, split_level=1, layer=3, contexts=2000, seed=0))
 
 
 if __name__ == "__main__":

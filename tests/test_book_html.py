@@ -332,7 +332,7 @@ def test_explorers_are_static_figures_with_a_note(doc):
     if not html_file.exists():
         _unavailable(f"{html_file} is missing: run `make book` first")
     from fvlib.explorers.live import embedded_specs
-    from fvlib.explorers.widgets import LIVE_NOTE
+    from fvlib.explorers.base import LIVE_NOTE
 
     page = html_file.read_text(encoding="utf-8")
     assert "application/vnd.jupyter.widget-view+json" not in page, f"{doc}: a live widget view in static HTML"

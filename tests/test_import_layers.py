@@ -237,7 +237,7 @@ def test_explorer_states_import_no_widget_library(module):
 
 
 def test_the_widget_check_sees_widget_libraries():
-    assert "ipywidgets" in _external_imports("fvlib.explorers.widgets")
+    assert "ipywidgets" in _external_imports("fvlib.explorers.base")
     # the states reach the layers they compute with, and the packages above them
     assert {"fvlib.analysis", "fvlib.explorers.live", "fvlib.plots", "fvlib.plots.explorers",
             "fvlib.training"} <= _reachable("fvlib.explorers.states")

@@ -1,11 +1,13 @@
 """`make book` leaves a working JupyterLab: ``.venv/bin/jupyter lab --no-browser`` starts, serves
 its page, opens a chapter through the contents API, runs code in a kernel for it and saves
 notebooks without live-widget views (scripts/jupyter_server_config.py); and the
-README's list of explorers is the list of :mod:`fvlib.explorers.widgets`."""
+README's list of explorers is the list of the explorer modules of :mod:`fvlib.explorers`."""
 
+import importlib
 import importlib.util
 import json
 import os
+import pkgutil
 import re
 import secrets
 import shutil
@@ -20,7 +22,8 @@ from pathlib import Path
 import pytest
 
 import fvlib
-from fvlib.explorers import widgets
+import fvlib.explorers
+from fvlib.explorers.prior import prior_explorer
 
 ROOT = Path(__file__).resolve().parent.parent
 JUPYTER = Path(sys.executable).parent / "jupyter"
@@ -114,7 +117,7 @@ class Server:
 
 def _explorer_notebook() -> dict:
     """A notebook holding an explorer's output as Jupyter stores it, with saved widget state."""
-    bundle = widgets.prior_explorer(depth=2)._repr_mimebundle_()
+    bundle = prior_explorer(depth=2)._repr_mimebundle_()
     cell = {"cell_type": "code", "execution_count": 1, "id": "c1", "metadata": {}, "source": "prior_explorer()",
             "outputs": [{"output_type": "display_data", "data": bundle, "metadata": {}}]}
     return {"cells": [cell], "metadata": {"widgets": {"state": {}}}, "nbformat": 4, "nbformat_minor": 5}
@@ -165,12 +168,14 @@ def test_jupyter_lab_starts_and_opens_a_chapter(tmp_path):
 
 
 def test_readme_lists_every_explorer_with_its_chapter():
-    """The README's "Explorers" line names each explorer of fvlib.explorers.widgets and the chapter that
+    """The README's "Explorers" line names each explorer of fvlib.explorers and the chapter that
     shows it, and that chapter does call it."""
     readme = (ROOT / "README.md").read_text()
     line = " ".join(re.search(r"- \*\*Explorers:\*\*(.*?)\n- ", readme, flags=re.S).group(1).split())
     listed = dict(re.findall(r"`(\w+_explorer)` \(chapter (\d+)\)", line))
-    explorers = {name for name in widgets.__all__ if name.endswith("_explorer")}
+    modules = [importlib.import_module(f"fvlib.explorers.{module.name}")
+               for module in pkgutil.iter_modules(fvlib.explorers.__path__)]
+    explorers = {name for module in modules for name in getattr(module, "__all__", ()) if name.endswith("_explorer")}
     assert set(listed) == explorers
     count = {4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}[len(explorers)]
     assert f"has {count} ipywidgets explorers" in line

@@ -10,7 +10,7 @@ off by one, ...), the hint names it.
 
 Every check is data: a ``Check`` holds its cases, its reference, how an answer is read
 and compared, and its list of ``Misconception`` rows; one runner executes them all
-(:mod:`fvlib.course.engine`). To add a recognised mistake, add a row to the check's
+(``fvlib.course.engine``). To add a recognised mistake, add a row to the check's
 misconception table, in the module of its topic.
 
 Two kinds of bad input are told apart:
@@ -49,16 +49,17 @@ The modules, in layers from the bottom up; a module imports only from the layers
                 posterior, the Gaussian posterior, the greedy action, the noise-free closed
                 forms, the DP value, the key-patching heatmap
 
-Every check, :class:`CheckResult` and the default cases are importable from ``fvlib.course``.
+Every check and :class:`CheckResult` are importable from ``fvlib.course``; the default cases of a
+check are its topic's (``fvlib.course.dp.DP_CASES``, ``fvlib.course.patching.PATCHING_CASES``).
 """
 
 from .channel import check_channel_tau2
-from .dp import DP_CASES, check_dp_value
+from .dp import check_dp_value
 from .engine import CheckResult
 from .gaussian import check_gaussian_posterior
 from .greedy import check_greedy_action
 from .noisefree import check_noisefree_loss
-from .patching import PATCHING_CASES, check_patching_sweep
+from .patching import check_patching_sweep
 from .posterior import check_posterior
 from .statistic import check_sufficient_statistic
 
@@ -72,6 +73,4 @@ __all__ = [
     "check_noisefree_loss",
     "check_dp_value",
     "check_patching_sweep",
-    "DP_CASES",
-    "PATCHING_CASES",
 ]

@@ -113,7 +113,7 @@ def check_dp_value(
 
     ``student`` is either a number (the optimal risk for the tree ``TreePrior(depth, alpha)``
     with ``n_layers`` measurements at channel noise std ``tau``) or a function
-    ``fn(tree, n_layers, tau) -> float``, run on :data:`DP_CASES` (depth 2-3, one or two
+    ``fn(tree, n_layers, tau) -> float``, run on :data:`~fvlib.course.dp.DP_CASES` (depth 2-3, one or two
     layers, ``tau`` in {0.1, 0.5, 0.6}). Note that ``tau`` is the noise *standard deviation*
     here, as in :func:`fvlib.theory.dp.dp_value` (the reference, 48-point Gauss-Hermite rule).
 

@@ -248,6 +248,7 @@ def _diagnose(check: Check, case: Case, yours, expected) -> Misconception | None
 # Reading and comparing answers
 # ----------------------------------------------------------------------------------------
 def require_callable(name: str, fn, signature: str) -> None:
+    """The check ``name`` misused: ``ValueError`` unless ``fn`` is a function (``signature`` says which)."""
     if callable(fn):
         return
     raise ValueError(
@@ -256,6 +257,7 @@ def require_callable(name: str, fn, signature: str) -> None:
 
 
 def describe(value) -> str:
+    """A short description of ``value`` for a message: its type, and its shape or its ``repr``."""
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {tuple(value.shape)}"
     shape = getattr(value, "shape", None)
@@ -330,6 +332,7 @@ def read_tensor(value, what: str, shape: tuple[int, ...], shape_text: str) -> to
 
 
 def read_scalar(value, what: str) -> float:
+    """The student's return value as one finite float, or a failed check."""
     if isinstance(value, PatchingResult) or value is None:
         raise Fail(f"your function returned {describe(value)}, expected {what} as one number",
                    "return a float")
@@ -352,22 +355,27 @@ def worst(yours: torch.Tensor, expected: torch.Tensor) -> tuple[tuple[int, ...],
 
 
 def largest_difference(yours: torch.Tensor, expected: torch.Tensor) -> float:
+    """The largest absolute difference of two tensors of one shape."""
     return worst(yours, expected)[1]
 
 
 def close(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float = 0.0) -> bool:
+    """Same shape, and every entry within ``atol + rtol * |b|``."""
     return a.shape == b.shape and bool(((a - b).abs() <= atol + rtol * b.abs()).all())
 
 
 def equal(case, yours: torch.Tensor, other: torch.Tensor) -> bool:
+    """Every entry equal (``case`` unused: the signature of a check's ``same``)."""
     return bool((yours == other).all())
 
 
 def absolute_difference(yours: float, expected: float) -> float:
+    """``|yours - expected|``."""
     return abs(yours - expected)
 
 
 def fmt(x: float) -> str:
+    """A number in a message: four significant digits."""
     return f"{x:.4g}"
 
 

@@ -233,7 +233,7 @@ def check_patching_sweep(
       ``loss (K, L)`` (a tensor or a :class:`fvlib.theory.patching.PatchingResult`), with
       ``loss[m - 1, l - 1]`` the target's excess loss ``E|theta_hat - theta_target|^2`` when the
       target's measured node at layer ``l`` is replaced by the donor's, for donor/target pairs
-      whose paths split at level ``m``; run on :data:`PATCHING_CASES`;
+      whose paths split at level ``m``; run on :data:`~fvlib.course.patching.PATCHING_CASES`;
     * a numeric ``(K, L)`` heatmap (or ``PatchingResult``) computed for ``TreePrior(depth, 0.5)``,
       ``n_ctx``, ``noise_std``, ``n_layers`` with at least ``contexts`` pairs per split level;
     * a *boolean* ``(K, L)`` mask of the cells where the patch changes what the target

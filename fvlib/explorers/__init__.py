@@ -13,8 +13,14 @@ library, directly or through another fvlib module)::
                 on it and embedded in the page as JSON, drawn by _static/fvlib-live.js
     states      the six explorers' states (prior, strategy, training, patching, DP policy,
                 layer split) and the grids they are embedded on
-    widgets     the ipywidgets explorers (prior_explorer, ...) that draw the states
+    base        the ipywidgets Explorer (controls above a figure, redrawn on every change; its
+                HTML view for the static page) and the helpers of its controls
+    prior, strategy, training, patching, dp_policy, layer_split
+                the six ipywidgets explorers, one module each: prior_explorer (chapter 2),
+                strategy_explorer (chapter 6), training_explorer (chapter 8),
+                patching_explorer (chapter 10), dp_policy_explorer (chapter 4),
+                layer_split_explorer (chapter 5)
 
-This package imports none of them: ``from fvlib.explorers.widgets import prior_explorer``
+This package imports none of them: ``from fvlib.explorers.prior import prior_explorer``
 imports ipywidgets, ``from fvlib.explorers.states import prior_state`` does not.
 """

@@ -2,7 +2,7 @@
 
 A static page cannot run Python, so at build time an explorer's *states* -- the numbers its
 figure shows -- are computed on a grid of control values, by the same state function of
-:mod:`fvlib.explorers.states` that the ipywidgets explorer of :mod:`fvlib.explorers.widgets`
+:mod:`fvlib.explorers.states` that the ipywidgets explorer (:mod:`fvlib.explorers.base`)
 calls on every change of a control, and embedded in the explorer's ``text/html`` output as
 JSON. The book's JavaScript module
 ``_static/fvlib-live.js`` (written for this book; nothing is loaded from outside the site)
@@ -32,15 +32,15 @@ Recipe: adding an explorer to the static book.
    :class:`Control` per control (values: the widget's options, or a subset of them when each
    state costs Monte Carlo time; keep the page's data under 1.5 MB and measure the build
    time), ``kind`` naming the draw function, and ``shared`` for numbers common to every state
-   (drawn once, embedded once). Give it to the :class:`fvlib.explorers.widgets.Explorer` as
-   ``live=``.
+   (drawn once, embedded once). Give it to the :class:`fvlib.explorers.base.Explorer` as
+   ``live=`` (in the explorer's own module of :mod:`fvlib.explorers`).
 3. A draw function in ``_static/fvlib-live.js``: ``FvlibLive.register(kind, draw)`` where
    ``draw(ctx)`` gets the state, the view values and ``shared``, draws panels with the SVG
    helpers there, and returns a caption. Mark the drawn numbers with ``data-values`` so the
    browser test (tests/test_book_html.py) can compare them with the embedded state.
 
 Then a test recomputes a few grid points with the compute function and compares them with the
-page (tests/test_live.py does this for every explorer).
+page (tests/explorers/test_explorer_live.py does this for every explorer).
 
 The grid is computed only when the page is built (``jupyter-book build`` sets
 :data:`LIVE_ENV` through the book's ``_ext/fvlib_live.py``) or when asked for

@@ -2,7 +2,7 @@
 
 A *state* is what an explorer shows at one setting of its controls: a pure function of the
 control values that returns plain JSON-able numbers (dicts of lists, floats, ints, strings).
-The ipywidgets explorer of :mod:`fvlib.explorers.widgets` calls it on every change of a
+The ipywidgets explorer (:mod:`fvlib.explorers.base`) calls it on every change of a
 control and draws the result (with the figure functions of :mod:`fvlib.plots.explorers`); the
 static book calls the same function on a grid of control values ahead of time
 (:mod:`fvlib.explorers.live`), so the page shows the numbers the widget shows. Nothing here

@@ -15,5 +15,5 @@ Submodules, in layers from the bottom up; a submodule imports only from the laye
     architecture, channel, decay, interventions, training, transformers, trees
         the figures of the chapters, by topic
     explorers
-        the figures of the explorers of fvlib.explorers.widgets, for chapters too
+        the figures of the explorers of fvlib.explorers, for chapters too
 """

@@ -1,4 +1,4 @@
-"""The figures of the six explorers of :mod:`fvlib.explorers.widgets`, as figure functions a
+"""The figures of the six explorers of :mod:`fvlib.explorers`, as figure functions a
 chapter can call too.
 
 Each function draws the results it is given (it samples, trains and patches nothing) on a

@@ -20,10 +20,16 @@ import pytest
 import torch
 
 from fvlib import TreePrior
-from fvlib.explorers import live, states, widgets
+from fvlib.explorers import live, states
+from fvlib.explorers.dp_policy import dp_policy_explorer
+from fvlib.explorers.layer_split import layer_split_explorer
+from fvlib.explorers.patching import patching_explorer
+from fvlib.explorers.prior import prior_explorer
+from fvlib.explorers.strategy import strategy_explorer
+from fvlib.explorers.training import training_explorer
 from fvlib.plots.training import theory_label
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HTML = ROOT / "_build" / "html"
 STATIC = ROOT / "_static"
 IN_CI = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
@@ -132,7 +138,7 @@ def _values_of(key, data):
 
 def test_html_view_is_static_unless_live(monkeypatch):
     monkeypatch.delenv(live.LIVE_ENV, raising=False)
-    explorer = widgets.prior_explorer(depth=3)
+    explorer = prior_explorer(depth=3)
     assert live.embedded_specs(explorer._repr_mimebundle_()["text/html"]) == []
     monkeypatch.setenv(live.LIVE_ENV, "1")
     (data,) = live.embedded_specs(explorer._repr_mimebundle_()["text/html"])
@@ -141,7 +147,7 @@ def test_html_view_is_static_unless_live(monkeypatch):
 
 @pytest.mark.slow  # the whole grid of the prior explorer (about 20 s)
 def test_prior_grid_matches_the_widget():
-    explorer = widgets.prior_explorer(depth=4, alpha=0.5, seed=0)
+    explorer = prior_explorer(depth=4, alpha=0.5, seed=0)
     (data,) = live.embedded_specs(explorer.static_html(live=True))
     grid = states.PRIOR_GRID
     assert len(data["states"]) == len(grid["depth"]) * len(grid["alpha"]) * len(grid["seed"])
@@ -153,7 +159,7 @@ def test_prior_grid_matches_the_widget():
 
 def test_strategy_grid_matches_the_widget_at_every_budget(monkeypatch):
     monkeypatch.setattr(states, "STRATEGY_GRID", {"alpha": (0.5, 1.0), "n_ctx": (32,), "noise_std": (0.0, 1.0)})
-    explorer = widgets.strategy_explorer(depth=3, budget=3, alpha=0.5, n_ctx=32, samples=100)
+    explorer = strategy_explorer(depth=3, budget=3, alpha=0.5, n_ctx=32, samples=100)
     (data,) = live.embedded_specs(explorer.static_html(live=True))
     assert set(data["states"]) == {"0.5|32|0", "0.5|32|1", "1|32|0", "1|32|1"}
     budget = data["controls"][0]
@@ -176,7 +182,7 @@ def test_training_grid_is_the_recorded_runs(tmp_path):
     for model in ("A", "C"):
         config = TrainConfig.from_dict(base.to_dict() | {"model": model})
         train(config, out_dir=run_dir_for(config, tmp_path), progress=False)
-    explorer = widgets.training_explorer(base=base, run_root=tmp_path, reference_samples=200)
+    explorer = training_explorer(base=base, run_root=tmp_path, reference_samples=200)
     (data,) = live.embedded_specs(explorer.static_html(live=True))
     assert set(data["states"]) == {"A|tree", "C|tree"}  # B was never trained; only the tree prior
     assert [c["values"] for c in data["controls"]] == [["A", "B", "C"], ["tree"], [0, 50, 100]]
@@ -191,7 +197,7 @@ def test_training_grid_is_the_recorded_runs(tmp_path):
 
 
 def test_patching_grid_matches_the_widget():
-    explorer = widgets.patching_explorer(TreePrior(3, 0.5), contexts=60, layer=2)
+    explorer = patching_explorer(TreePrior(3, 0.5), contexts=60, layer=2)
     (data,) = live.embedded_specs(explorer.static_html(live=True))
     assert set(data["states"]) == {f"{m}|{l}" for m in (1, 2, 3) for l in (1, 2, 3)}
     for key in ("1|2", "3|1", "2|3"):
@@ -283,7 +289,7 @@ def test_built_training_explorer_is_the_recorded_runs():
 
 
 def test_dp_policy_grid_matches_the_widget():
-    explorer = widgets.dp_policy_explorer(tau=0.6)
+    explorer = dp_policy_explorer(tau=0.6)
     (data,) = live.embedded_specs(explorer.static_html(live=True))
     from fvlib.explorers.states import DP_POLICY_GRID
 
@@ -294,7 +300,7 @@ def test_dp_policy_grid_matches_the_widget():
 
 
 def test_layer_split_grid_matches_the_widget():
-    explorer = widgets.layer_split_explorer(budget=6, layers=2, alpha=0.5)
+    explorer = layer_split_explorer(budget=6, layers=2, alpha=0.5)
     (data,) = live.embedded_specs(explorer.static_html(live=True))
     from fvlib.explorers.states import LAYER_SPLIT_GRID
 

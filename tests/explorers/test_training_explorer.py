@@ -1,70 +1,17 @@
-"""The explorers build and react headless: change a control, check that the figure changed."""
-
-import base64
+"""fvlib.explorers.training: the training explorer trains, stops, resumes and shows a run
+(its own or an existing one), with points between the run's evaluations."""
 
 import pytest
 import torch
 
 from conftest import strip_times
-from fvlib import TreePrior
-from fvlib.explorers import widgets
-from fvlib.models import model_a
-
-
-def _changed(explorer, name, value):
-    """Set one control; return (updates before, updates after, png before, png after)."""
-    before, png = explorer.updates, explorer.image.value
-    explorer.controls[name].value = value
-    return before, explorer.updates, png, explorer.image.value
-
-
-def test_all_explorers_are_exported():
-    for name in ("prior_explorer", "strategy_explorer", "training_explorer", "patching_explorer"):
-        assert name in widgets.__all__
-        assert callable(getattr(widgets, name))
-
-
-def test_prior_explorer_redraws_for_a_new_depth():
-    explorer = widgets.prior_explorer()
-    assert explorer.summary["dim"] == 15 and explorer.summary["nonzero"] == 4
-    before, after, old_png, new_png = _changed(explorer, "depth", 5)
-    assert after == before + 1 and new_png != old_png
-    assert explorer.summary["dim"] == 31 and explorer.summary["nonzero"] == 5
-    assert "D = 31" in explorer.caption.value
-    # the twin has the tree's energy per coordinate on average, not one non-zero per level
-    assert sum(v != 0 for v in explorer.summary["twin_theta"]) == 31
-
-
-def test_prior_explorer_alpha_scales_the_sample():
-    explorer = widgets.prior_explorer(depth=3, alpha=0.5)
-    level2 = max(abs(v) for v in explorer.summary["theta"][3:])  # coordinates 3..6 are level 2
-    explorer.controls["alpha"].value = 0.25
-    new_level2 = max(abs(v) for v in explorer.summary["theta"][3:])
-    assert level2 == pytest.approx(0.5) and new_level2 == pytest.approx(0.25)  # alpha^(k/2), k = 2
-
-
-def test_strategy_explorer_noise_hurts_adaptive_inference():
-    explorer = widgets.strategy_explorer(depth=4, budget=4, samples=300)
-    clean = explorer.summary["final"]
-    assert clean["adaptive_greedy"] < clean["nonadaptive_coord"] < clean["lmmse"]
-    before, after, old_png, new_png = _changed(explorer, "noise_std", 1.5)
-    assert after == before + 1 and new_png != old_png
-    assert explorer.summary["final"]["adaptive_greedy"] > clean["adaptive_greedy"]
-    assert explorer.summary["tau2"] > 0.01
-
-
-def test_strategy_explorer_budget_sets_the_curve_length():
-    explorer = widgets.strategy_explorer(depth=4, budget=3, samples=200)
-    assert explorer.summary["budgets"] == [1, 2, 3]
-    explorer.controls["budget"].value = 5
-    assert explorer.summary["budgets"] == [1, 2, 3, 4, 5]
-    assert len(explorer.summary["mean"]["lmmse"]) == 5
+from fvlib.explorers.training import live_eval_steps, training_explorer
 
 
 def _small_training_explorer(tmp_path, steps=100):
     """A tiny run: every redraw of the figure costs more than its steps, so it is evaluated
     only every 25 steps."""
-    return widgets.training_explorer(
+    return training_explorer(
         "A", "tree", steps, depth=3, budget=3, n_ctx=32, run_root=tmp_path, reference_samples=200,
         batch=32, queries=4, width=16, eval_contexts=64, device="cpu", router_warm_start=0, eval_every=25,
     )
@@ -79,7 +26,7 @@ def test_training_explorer_trains_and_shows_the_run(tmp_path):
     explorer.start(blocking=True)
     assert explorer.summary["steps_done"] == 100 and explorer.summary["status"] == "finished"
     # one redraw per evaluation after step 0 and per extra early point, plus the final one
-    assert explorer.updates == before + 4 + len(widgets.live_eval_steps(0, 25, 100)) + 1
+    assert explorer.updates == before + 4 + len(live_eval_steps(0, 25, 100)) + 1
     assert explorer.summary["final_loss"] < explorer.summary["history"][0]["eval_excess_loss"]
     assert explorer.progress.n == 100
     # another model: nothing trained yet, its own theory baseline
@@ -105,60 +52,13 @@ def test_training_explorer_stops_and_resumes(tmp_path):
     assert [h["step"] for h in history] == sorted({h["step"] for h in history})  # no step evaluated twice
 
 
-def test_patching_explorer_theory_reacts_to_layer_and_split():
-    explorer = widgets.patching_explorer(TreePrior(3, 0.5), contexts=200, noise_std=0.5, layer=1)
-    assert explorer.summary["ratio"] == pytest.approx(1.0, abs=0.05)  # l <= m: the patch is harmless
-    before, after, old_png, new_png = _changed(explorer, "layer", 3)
-    assert after == before + 1 and new_png != old_png
-    assert explorer.summary["ratio"] > 3  # l > m: the target is routed off its path
-    # level by level: levels above the patched layer's node keep the target's coefficients
-    assert explorer.summary["target_overlap"][0] == pytest.approx(1.0, abs=0.05)
-    assert explorer.summary["target_overlap"][2] < 0.9
-    explorer.controls["split_level"].value = 3
-    assert explorer.summary["ratio"] == pytest.approx(1.0, abs=0.05)
-
-
-def test_patching_explorer_with_a_model():
-    torch.manual_seed(0)
-    model = model_a(7, 3, width=16)
-    explorer = widgets.patching_explorer(TreePrior(3, 0.5), model=model, contexts=50, layer=2)
-    assert set(explorer.summary) >= {"ratio", "row", "target_overlap", "donor_overlap"}
-    before, after, _, _ = _changed(explorer, "split_level", 2)
-    assert after == before + 1 and explorer.summary["split_level"] == 2
-
-
-def test_static_html_shows_the_figure_settings_and_live_note():
-    explorer = widgets.prior_explorer(depth=3)
-    bundle = explorer._repr_mimebundle_()
-    assert "application/vnd.jupyter.widget-view+json" in bundle  # live in Jupyter / Colab
-    page = bundle["text/html"]
-    png = base64.b64encode(explorer.image.value).decode()
-    assert png in page and "depth = 3" in page and widgets.LIVE_NOTE in page
-
-
-@pytest.mark.parametrize(
-    ("factory", "kwargs", "bad"),
-    [
-        (widgets.prior_explorer, {"depth": 9}, "9"),
-        (widgets.prior_explorer, {"alpha": -0.5}, "-0.5"),
-        (widgets.strategy_explorer, {"n_ctx": 100}, "100"),
-        (widgets.strategy_explorer, {"depth": 3, "budget": 8}, "8"),
-        (widgets.patching_explorer, {"layer": 7}, "7"),
-        (widgets.training_explorer, {"model": "D"}, "'D'"),
-    ],
-)
-def test_bad_settings_name_the_value(factory, kwargs, bad):
-    with pytest.raises(ValueError, match=bad):
-        factory(**kwargs)
-
-
 def test_training_explorer_shows_an_existing_run_of_a_base_config(tmp_path):
     from fvlib.training import TrainConfig, run_dir_for, train
 
     config = TrainConfig(model="C", depth=3, budget=3, n_ctx=32, steps=100, batch=32, queries=4, width=16,
                          eval_every=50, eval_contexts=64, device="cpu")
     train(config, out_dir=run_dir_for(config, tmp_path), progress=False)
-    explorer = widgets.training_explorer(base=config, run_root=tmp_path, reference_samples=200)
+    explorer = training_explorer(base=config, run_root=tmp_path, reference_samples=200)
     assert explorer.summary["steps_done"] == 100 and explorer.config() == config
     assert [h["step"] for h in explorer.summary["history"]] == [0, 50, 100]
 
@@ -225,7 +125,7 @@ def test_training_explorer_shows_a_first_point_after_one_step(tmp_path):
     first = frames[0][0]
     assert first["live"] and first["live"][0]["step"] == 1 and first["status"] == "training"
     shown = [p["step"] for f in frames for p in f[0]["live"]]
-    assert sorted(set(shown)) == [1, 2, 4, 8, 16] == sorted(widgets.live_eval_steps(0, 25, 100))
+    assert sorted(set(shown)) == [1, 2, 4, 8, 16] == sorted(live_eval_steps(0, 25, 100))
     point = next(p for f in frames for p in f[0]["live"] if p["step"] == 4)
     assert point["eval_excess_loss"] == pytest.approx(train(config, progress=False, until_step=4).final_loss,
                                                       rel=1e-9)
@@ -233,10 +133,10 @@ def test_training_explorer_shows_a_first_point_after_one_step(tmp_path):
 
 
 def test_live_eval_steps_double_up_to_the_next_evaluation():
-    assert sorted(widgets.live_eval_steps(0, 250, 1500)) == [1, 2, 4, 8, 16, 32, 64, 128]
-    assert sorted(widgets.live_eval_steps(437, 250, 1500)) == [438, 439, 441, 445, 453, 469]
-    assert widgets.live_eval_steps(1499, 250, 1500) == set()
-    assert sorted(widgets.live_eval_steps(0, 250, 6)) == [1, 2, 4]
+    assert sorted(live_eval_steps(0, 250, 1500)) == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert sorted(live_eval_steps(437, 250, 1500)) == [438, 439, 441, 445, 453, 469]
+    assert live_eval_steps(1499, 250, 1500) == set()
+    assert sorted(live_eval_steps(0, 250, 6)) == [1, 2, 4]
 
 
 @pytest.mark.slow  # trains (about 10 s each on a loaded 2-core machine)
@@ -281,11 +181,3 @@ def test_training_explorer_names_its_baseline_in_words(tmp_path):
 def _figure_of(explorer):
     """The figure the explorer shows now (drawn again from its current values)."""
     return explorer._draw(**explorer.values())[0]
-
-
-def test_figures_are_shown_at_their_natural_size():
-    """Not stretched to the output's width (the column box's default), shrunk keeping their
-    aspect ratio where the output is narrower."""
-    layout = widgets.prior_explorer(depth=3).image.layout
-    assert (layout.align_self, layout.max_width, layout.height) == ("flex-start", "100%", "auto")
-    assert layout.width is None
