@@ -60,7 +60,7 @@ from ..interventions import key_patching_sweep, patch_level_effect
 from ..plots.explorers import (plot_dp_policy_state, plot_layer_split_state, plot_patching_cell, plot_prior_sample,
                                plot_strategy_curves, plot_training_run)
 from ..plots.training import theory_label
-from ..priors import TreePrior
+from ..priors import TreePrior, check_tree_prior, prior_kinds
 from ..theory import PatchingResult, theory_patching_sweep
 from ..training import (EVAL_SEED_OFFSET, RunDirError, TrainConfig, build_prior, checkpoint_step, evaluate, load_history,
                         run_dir_for, theory_reference, train)
@@ -379,7 +379,7 @@ class TrainingExplorer(Explorer):
         self.stop_button.on_click(lambda _: self.stop())
         controls = {
             "model": widgets.Dropdown(options=["A", "B", "C"], value=model, description="model"),
-            "prior": widgets.Dropdown(options=["tree", "gaussian-twin", "gaussian"], value=prior, description="prior"),
+            "prior": widgets.Dropdown(options=list(prior_kinds()), value=prior, description="prior"),
             "steps": _slider(widgets.IntSlider, steps, 100, 5000, 100, "steps"),
         }
         super().__init__("Training explorer: a model against its theory baseline", controls, self._draw_current,
@@ -648,8 +648,7 @@ def patching_explorer(
     shown cell), ``row``, ``target_overlap`` and ``donor_overlap`` (``(K,)`` lists).
     """
     tree = TreePrior(4, 0.5) if tree is None else tree
-    if not isinstance(tree, TreePrior):
-        raise ValueError(f"tree must be a TreePrior, got {tree!r}")
+    check_tree_prior("tree", tree)
     n_layers = model.config.n_layers if model is not None else (tree.depth if n_layers is None else n_layers)
     check_int("n_layers", n_layers, 1, 64)
     check_int("split_level", split_level, 1, tree.depth)

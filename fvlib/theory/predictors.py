@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import torch
 
-from .._checks import check_budget, check_instance
-from ..priors import TreePrior
+from .._checks import check_budget
+from ..priors import TreePrior, check_tree_prior
 from ..task import TaskBatch
 from .adaptive_opt import policy_rollout
 from .channel import FiniteSampleChannel
@@ -44,7 +44,7 @@ def strategy_predictor(name: str, tree: TreePrior, budget: int, *, directions: t
     ``(M, D)``: the rows of ``nonadaptive_opt`` (required there, e.g.
     :func:`~fvlib.theory.strategies.optimise_directions`); ``nodes``: the set of
     ``nonadaptive_best_coord`` (default :func:`~fvlib.theory.closed_forms.best_fixed_nodes`)."""
-    check_instance("tree", tree, TreePrior)
+    check_tree_prior("tree", tree)
     check_budget("budget", budget, tree.depth)
     if name not in STRATEGIES or name == "adaptive_opt":
         raise ValueError(f"strategy must be one of {tuple(s for s in STRATEGIES if s != 'adaptive_opt')}, "
@@ -68,7 +68,7 @@ def policy_predictor(tree: TreePrior, policy, budget: int) -> Predictor:
     :func:`~fvlib.theory.adaptive_opt.policy_rollout` and decoded exactly, as a predictor.
     (``strategy_predictor("adaptive_greedy", ...)`` runs the same greedy rule by
     :func:`~fvlib.theory.strategies.run_greedy`'s own loop: equal up to float rounding.)"""
-    check_instance("tree", tree, TreePrior)
+    check_tree_prior("tree", tree)
     check_budget("budget", budget, tree.depth)
 
     @torch.no_grad()

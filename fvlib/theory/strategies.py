@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from .._checks import check_budget, check_instance, check_int, check_number, check_seed, check_tensor
-from ..priors import Prior, TreePrior
+from ..priors import Prior, TreePrior, check_tree_prior
 from ..stats import mean_and_stderr, squared_error
 from .adaptive_opt import OptimisedPolicy, optimise_adaptive_policy
 from .channel import FiniteSampleChannel, GaussianChannel, sample_statistic
@@ -107,7 +107,7 @@ def run_greedy(tree: TreePrior, channel, n_layers: int, tau2: float, forced: dic
         forced: optional ``{layer: nodes (B,)}`` with 1-based layers; at those layers the given
             nodes are measured instead of the greedy choice (the key-patching intervention).
     """
-    check_instance("tree", tree, TreePrior)
+    check_tree_prior("tree", tree)
     check_budget("budget", n_layers, tree.depth)
     check_instance("channel", channel, (FiniteSampleChannel, GaussianChannel))
     batch = _channel_batch(channel)
@@ -139,7 +139,7 @@ def nonadaptive_nodes(tree_or_dim, budget: int) -> torch.Tensor:
     This is the set of the ``nonadaptive_coord`` strategy. It is not the best fixed set of
     coordinates: see :func:`~fvlib.theory.closed_forms.best_fixed_nodes`.
     """
-    if isinstance(tree_or_dim, TreePrior):
+    if isinstance(tree_or_dim, Prior):
         tree_or_dim = tree_or_dim.dim
     dim = check_int("tree_or_dim", tree_or_dim, 1)
     check_int("budget", budget, 1, dim)
@@ -194,7 +194,7 @@ def optimise_directions(
     Monte Carlo Bayes risk under the Gaussian channel, with fresh samples every step (Adam).
     Starts from the first ``M`` heap-order coordinates plus noise. Returns ``Q (M, D)``.
     """
-    check_instance("tree", tree, TreePrior)
+    check_tree_prior("tree", tree)
     check_budget("budget", budget, tree.depth)
     check_number("tau2", tau2, 0, low_open=True)
     for name, value in (("steps", steps), ("batch", batch)):
@@ -274,7 +274,7 @@ def mc_contexts(prior, samples: int, n_ctx: int, noise_std: float, seed: int, st
     check_seed("seed", seed)
     check_instance("prior", prior, Prior)
     gen = torch.Generator().manual_seed(seed)
-    if isinstance(prior, TreePrior):
+    if prior.is_tree:
         signs = prior.sample_signs(samples, gen)
         theta = prior.theta_from_signs(signs)
     else:
@@ -317,7 +317,7 @@ def evaluate_strategies(
         raise ValueError(f"unknown strategies {sorted(unknown)}; choose from {STRATEGIES}")
     if channel not in ("finite", "gaussian"):
         raise ValueError(f"channel must be 'finite' or 'gaussian', got {channel!r}")
-    check_instance("tree", tree, TreePrior)
+    check_tree_prior("tree", tree)
     tau2 = channel_tau2(tree, n_ctx, noise_std)
     check_budget("budget", budget, tree.depth)
     check_int("samples", samples, 1)

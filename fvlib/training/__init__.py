@@ -29,7 +29,6 @@ from .config import (
     INPUT_PATHS,
     LEARNING_RECIPE,
     ORIGINAL_RECIPE,
-    PRIOR_KINDS,
     RECIPE,
     RESUMABLE_FIELDS,
     RUN_ROOT_ENV,
@@ -65,7 +64,7 @@ from .rundir import RunDirError
 
 __all__ = [
     "ADDED_FIELDS", "ARCHS", "CURRICULUM_SHARE", "EVAL_SEED_OFFSET", "IMITATION_RECIPE", "INPUT_PATHS", "LEARNING_RECIPE",
-    "ORIGINAL_RECIPE", "PRIOR_KINDS", "RECIPE", "RESUMABLE_FIELDS", "RUN_ROOT_ENV", "TRANSFORMER_RECIPE",
+    "ORIGINAL_RECIPE", "RECIPE", "RESUMABLE_FIELDS", "RUN_ROOT_ENV", "TRANSFORMER_RECIPE",
     "WARM_START_LR", "WARM_START_SEED_OFFSET", "TrainConfig", "build_model", "build_prior", "curriculum_start",
     "estimate_memory", "lr_at", "recipe_for", "resolve_device", "run_dir_for", "run_root", "training_prior",
     "MATCHING_BASELINE", "compare_with_theory", "evaluate", "per_context_losses", "theory_reference",

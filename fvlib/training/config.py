@@ -23,12 +23,11 @@ import torch
 
 from .._checks import check_budget, check_int, check_number, check_seed
 from ..models import MODEL_KINDS, FVTransformer, ModelConfig, model_config
-from ..priors import Prior, TreePrior, make_prior
+from ..priors import Prior, get_prior_kind, make_prior
 from ..task import check_task_args
 from ..transformer import StandardTransformer, TransformerConfig, transformer_config
 
 __all__ = [
-    "PRIOR_KINDS",
     "INPUT_PATHS",
     "ARCHS",
     "EVAL_SEED_OFFSET",
@@ -57,7 +56,6 @@ __all__ = [
     "run_dir_for",
 ]
 
-PRIOR_KINDS = ("tree", "gaussian-twin", "gaussian")
 #: What a training step draws and the model reads (:attr:`TrainConfig.inputs`).
 INPUT_PATHS = ("tokens", "statistic")
 #: ``arch -> transformer arrangement``; ``"constrained"`` is the book's models A, B, C.
@@ -158,11 +156,10 @@ def recipe_for(arch: str, prior: str = "tree", alpha: float = 0.5) -> dict:
     transformers (their sampled loss, no curriculum)."""
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {tuple(ARCHS)}, got {arch!r}")
-    if prior not in PRIOR_KINDS:
-        raise ValueError(f"prior must be one of {PRIOR_KINDS}, got {prior!r}")
+    tree = get_prior_kind(prior).is_tree
     if arch != "constrained":
         return dict(TRANSFORMER_RECIPE)
-    curriculum = {"alpha_start": curriculum_start(alpha)} if prior == "tree" else {}
+    curriculum = {"alpha_start": curriculum_start(alpha)} if tree else {}
     return {**LEARNING_RECIPE, **curriculum}
 
 
@@ -270,8 +267,7 @@ class TrainConfig:
         kinds = MODEL_KINDS if self.arch == "constrained" else ("A", "B")
         if self.model not in kinds:
             raise ValueError(f"model must be one of {kinds} for arch {self.arch!r}, got {self.model!r}")
-        if self.prior not in PRIOR_KINDS:
-            raise ValueError(f"prior must be one of {PRIOR_KINDS}, got {self.prior!r}")
+        get_prior_kind(self.prior)
         for name in (
             "depth",
             "budget",
@@ -299,7 +295,7 @@ class TrainConfig:
         if not isinstance(self.expected_loss, bool):
             raise ValueError(f"expected_loss must be True or False, got {self.expected_loss!r}")
         if self.alpha_start is not None:
-            if self.prior != "tree":
+            if not get_prior_kind(self.prior).is_tree:
                 raise ValueError(f"alpha_start (a curriculum over the tree's decay) needs the tree prior, "
                                  f"got prior {self.prior!r}")
             check_number("alpha_start", self.alpha_start, 0, 1, low_open=True)
@@ -363,7 +359,7 @@ class TrainConfig:
         """``True`` for a run that warm-starts its router, i.e. model A (constrained) on the
         tree prior with ``router_warm_start > 0``; only then does ``router_lr_scale`` apply."""
         return (self.router_warm_start > 0 and self.arch == "constrained" and self.model == "A"
-                and self.prior == "tree")
+                and get_prior_kind(self.prior).is_tree)
 
     @property
     def effective_data_seed(self) -> int:
@@ -461,7 +457,7 @@ def training_prior(config: TrainConfig, step: int) -> Prior:
     if config.alpha_start is None:
         return build_prior(config)
     done = min(1.0, step / (config.alpha_ramp * config.steps))
-    return TreePrior(config.depth, config.alpha_start + (config.alpha - config.alpha_start) * done)
+    return make_prior(config.prior, config.depth, config.alpha_start + (config.alpha - config.alpha_start) * done)
 
 
 # ----------------------------------------------------------------------------------------
