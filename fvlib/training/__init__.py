@@ -22,7 +22,6 @@ from .batched import train_many
 from .checkpoint import checkpoint_step, load_history, load_run
 from .config import (
     ADDED_FIELDS,
-    ARCHS,
     CURRICULUM_SHARE,
     EVAL_SEED_OFFSET,
     IMITATION_RECIPE,
@@ -63,7 +62,7 @@ from .loop import (
 from .rundir import RunDirError
 
 __all__ = [
-    "ADDED_FIELDS", "ARCHS", "CURRICULUM_SHARE", "EVAL_SEED_OFFSET", "IMITATION_RECIPE", "INPUT_PATHS", "LEARNING_RECIPE",
+    "ADDED_FIELDS", "CURRICULUM_SHARE", "EVAL_SEED_OFFSET", "IMITATION_RECIPE", "INPUT_PATHS", "LEARNING_RECIPE",
     "ORIGINAL_RECIPE", "RECIPE", "RESUMABLE_FIELDS", "RUN_ROOT_ENV", "TRANSFORMER_RECIPE",
     "WARM_START_LR", "WARM_START_SEED_OFFSET", "TrainConfig", "build_model", "build_prior", "curriculum_start",
     "estimate_memory", "lr_at", "recipe_for", "resolve_device", "run_dir_for", "run_root", "training_prior",
