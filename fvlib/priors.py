@@ -230,7 +230,7 @@ def check_tree_prior(name: str, value) -> "TreePrior":
     and what was given."""
     if not (isinstance(value, Prior) and value.is_tree):
         raise ValueError(f"{name} must be a tree prior (a TreePrior: sign paths, the exact tree posterior), "
-                         f"got {value!r}")
+                         f"got {type(value).__name__}")
     return value
 
 
