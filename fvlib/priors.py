@@ -225,7 +225,7 @@ class TreePrior(Prior):
         return f"TreePrior(depth={self.depth}, alpha={self.alpha})"
 
 
-def check_tree_prior(name: str, value) -> "TreePrior":
+def check_tree_prior(name: str, value) -> TreePrior:
     """``value`` if it is a tree prior (:attr:`Prior.is_tree`), else ``ValueError`` naming ``name``
     and what was given."""
     if not (isinstance(value, Prior) and value.is_tree):

@@ -8,9 +8,21 @@ import pytest
 import torch
 
 from fvlib.families import DEFAULT_FAMILY, family_names, get_family
-from fvlib.priors import (GaussianPrior, TreePrior, get_prior_kind, make_prior, prior_kinds, register_prior,
-                          unregister_prior)
-from fvlib.theory import choosing_strategies, evaluate_strategies, get_strategy, strategy_names
+from fvlib.priors import (
+    GaussianPrior,
+    TreePrior,
+    get_prior_kind,
+    make_prior,
+    prior_kinds,
+    register_prior,
+    unregister_prior,
+)
+from fvlib.theory import (
+    choosing_strategies,
+    evaluate_strategies,
+    get_strategy,
+    strategy_names,
+)
 from fvlib.training import TrainConfig, load_run, recipe_for, train
 
 

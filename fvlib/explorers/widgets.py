@@ -56,6 +56,7 @@ from tqdm.notebook import tqdm as notebook_tqdm
 
 from .._checks import check_int, check_number
 from ..analysis import DecaySweep
+from ..families import DEFAULT_FAMILY, get_family
 from ..interventions import key_patching_sweep, patch_level_effect
 from ..plots.explorers import (plot_dp_policy_state, plot_layer_split_state, plot_patching_cell, plot_prior_sample,
                                plot_strategy_curves, plot_training_run)
@@ -378,7 +379,7 @@ class TrainingExplorer(Explorer):
         self.train_button.on_click(lambda _: self.start())
         self.stop_button.on_click(lambda _: self.stop())
         controls = {
-            "model": widgets.Dropdown(options=["A", "B", "C"], value=model, description="model"),
+            "model": widgets.Dropdown(options=list(get_family(DEFAULT_FAMILY).models), value=model, description="model"),
             "prior": widgets.Dropdown(options=list(prior_kinds()), value=prior, description="prior"),
             "steps": _slider(widgets.IntSlider, steps, 100, 5000, 100, "steps"),
         }
