@@ -6,7 +6,8 @@ imports only from the layers below it (``tests/test_import_layers.py`` checks th
     _checks, stats            argument checks of the public entry points; squared error, mean and
                               standard error, the relative gap of two estimates
     workers                   worker processes that end with their parent
-    priors                    the tree prior, Gaussian priors, the Gaussian twin
+    priors                    the tree prior, Gaussian priors, the Gaussian twin; the registry of
+                              prior kinds
     task                      in-context regression contexts, labels and queries
     theory                    exact posteriors, strategies, dynamic programming, closed forms, fits,
                               the theory of key patching
@@ -15,6 +16,8 @@ imports only from the layers below it (``tests/test_import_layers.py`` checks th
     models                    the constrained linear-attention transformer (models A, B, C)
     transformer               standard transformers (softmax attention, MLPs; bottlenecked and
                               open arrangements, models A' and B') with the same hooks
+    families                  the registry of model families (TrainConfig.arch): each family's
+                              config builder, model class and what code asks of it
     training                  training (one run and many at once, vmap), run directories and
                               checkpoints, evaluation beside theory, the imitation warm start
     interventions             key and state patching, the function-vector transplant, probes,

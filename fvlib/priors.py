@@ -15,17 +15,26 @@ first (``s_k = +1`` is digit 1). Leaf ``j`` is therefore the ``j``-th leaf from 
 the leaves under a node form one contiguous block.
 
 All sampling goes through an explicit :class:`torch.Generator`, so results are reproducible.
+
+**The prior kinds** a config names (``TrainConfig.prior``) are registered here, each once with its
+builder ``(depth, alpha) -> Prior``: :func:`make_prior` looks the kind up, :func:`prior_kinds`
+lists them, and a new prior is a class plus one :func:`register_prior` line. What code asks of a
+prior it asks of the object (:attr:`Prior.is_tree`: sign paths, the exact tree posterior) or of
+its kind (:attr:`PriorKind.is_tree`), never of a class name.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cached_property
 
 import torch
 
 from ._checks import check_instance, check_int, check_number
 
-__all__ = ["Prior", "GaussianPrior", "TreePrior", "MAX_TREE_DEPTH", "make_prior"]
+__all__ = ["Prior", "GaussianPrior", "TreePrior", "MAX_TREE_DEPTH", "check_tree_prior", "PriorKind", "register_prior",
+           "unregister_prior", "prior_kinds", "get_prior_kind", "make_prior"]
 
 #: Largest depth accepted by :class:`TreePrior` (``2^16`` leaves). Exact enumeration is
 #: tested up to depth 12.
@@ -33,10 +42,16 @@ MAX_TREE_DEPTH = 16
 
 
 class Prior:
-    """Common interface: ``dim``, ``sample``, ``second_moment`` and ``energy``."""
+    """Common interface: ``dim``, ``sample``, ``second_moment`` and ``energy``.
+
+    ``is_tree`` says whether the prior is a balanced binary tree of sign paths with the
+    interface of :class:`TreePrior` (``depth``, ``sample_signs``, ``theta_from_signs``,
+    ``leaf_thetas``, ...), which the exact tree posterior, the strategies and patching need.
+    """
 
     dim: int
     dtype: torch.dtype = torch.float64
+    is_tree: bool = False
 
     def sample(self, batch: int, generator: torch.Generator) -> torch.Tensor:
         """Draw ``batch`` latents; returns a ``(batch, dim)`` tensor."""
@@ -113,6 +128,8 @@ class TreePrior(Prior):
     ``|theta|^2 = sum_{k<K} alpha^k`` for every leaf and ``E[theta theta^T] = diag(v)`` with
     ``v_n = alpha^k / 2^k`` for a node ``n`` at level ``k``.
     """
+
+    is_tree = True
 
     def __init__(self, depth: int, alpha: float):
         check_int("depth", depth, 1, MAX_TREE_DEPTH)
@@ -208,17 +225,84 @@ class TreePrior(Prior):
         return f"TreePrior(depth={self.depth}, alpha={self.alpha})"
 
 
-def make_prior(kind: str, depth: int, alpha: float = 0.5) -> Prior:
-    """Build a prior by name: ``tree``, ``gaussian-twin`` (of that tree) or ``gaussian`` (isotropic, ``D = 2^K - 1``).
+def check_tree_prior(name: str, value) -> TreePrior:
+    """``value`` if it is a tree prior (:attr:`Prior.is_tree`), else ``ValueError`` naming ``name``
+    and what was given."""
+    if not (isinstance(value, Prior) and value.is_tree):
+        raise ValueError(f"{name} must be a tree prior (a TreePrior: sign paths, the exact tree posterior), "
+                         f"got {type(value).__name__}")
+    return value
 
-    The isotropic Gaussian is scaled so that ``E|theta|^2`` equals the tree's energy, which keeps
-    the three priors on the same loss scale.
-    """
+
+# ----------------------------------------------------------------------------------------
+# The registry of prior kinds
+# ----------------------------------------------------------------------------------------
+#: ``(depth, alpha) -> Prior``: what a kind builds from a config's tree depth and decay.
+PriorBuilder = Callable[[int, float], Prior]
+
+
+@dataclass(frozen=True)
+class PriorKind:
+    """A registered prior kind: its ``name`` (``TrainConfig.prior``), its ``build`` and a
+    one-line ``description``. ``is_tree``: its priors are trees (:attr:`Prior.is_tree`), read
+    once from the prior it builds at depth 1 when it is registered."""
+
+    name: str
+    build: PriorBuilder
+    description: str
+    is_tree: bool
+
+
+_PRIOR_KINDS: dict[str, PriorKind] = {}
+
+
+def register_prior(name: str, build: PriorBuilder, description: str = "") -> PriorKind:
+    """Register the prior kind ``name``, built by ``build(depth, alpha)``; ``ValueError`` if
+    ``name`` is taken or not a non-empty string."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a prior kind's name must be a non-empty string, got {name!r}")
+    if name in _PRIOR_KINDS:
+        raise ValueError(f"prior kind {name!r} is already registered")
+    kind = PriorKind(name, build, description, bool(build(1, 0.5).is_tree))
+    _PRIOR_KINDS[name] = kind
+    return kind
+
+
+def unregister_prior(name: str) -> None:
+    """Remove the prior kind ``name`` (``ValueError`` if it is not registered)."""
+    get_prior_kind(name)
+    del _PRIOR_KINDS[name]
+
+
+def prior_kinds() -> tuple[str, ...]:
+    """The registered prior kinds' names, in the order they were registered."""
+    return tuple(_PRIOR_KINDS)
+
+
+def get_prior_kind(name: str) -> PriorKind:
+    """The registered :class:`PriorKind` ``name``; ``ValueError`` naming ``name`` and the registered kinds."""
+    try:
+        return _PRIOR_KINDS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"prior must be one of {prior_kinds()}, got {name!r}") from None
+
+
+def make_prior(kind: str, depth: int, alpha: float = 0.5) -> Prior:
+    """Build a prior of the registered ``kind`` (:func:`prior_kinds`) from a tree depth and decay."""
+    return get_prior_kind(kind).build(depth, alpha)
+
+
+def _twin_of_tree(depth: int, alpha: float) -> GaussianPrior:
+    return GaussianPrior.twin_of(TreePrior(depth, alpha))
+
+
+def _isotropic_like_tree(depth: int, alpha: float) -> GaussianPrior:
     tree = TreePrior(depth, alpha)
-    if kind == "tree":
-        return tree
-    if kind == "gaussian-twin":
-        return GaussianPrior.twin_of(tree)
-    if kind == "gaussian":
-        return GaussianPrior.isotropic(tree.dim, tree.energy / tree.dim)
-    raise ValueError(f"prior must be one of 'tree', 'gaussian-twin', 'gaussian', got {kind!r}")
+    return GaussianPrior.isotropic(tree.dim, tree.energy / tree.dim)
+
+
+register_prior("tree", TreePrior, "the tree prior of depth K and decay alpha")
+register_prior("gaussian-twin", _twin_of_tree, "the Gaussian twin of that tree (same second moments)")
+register_prior("gaussian", _isotropic_like_tree,
+               "the isotropic Gaussian in D = 2^K - 1 dimensions with the tree's energy E|theta|^2 (the same "
+               "loss scale)")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ._checks import check_instance, check_int, check_number, check_tensor
-from .priors import Prior, TreePrior
+from .priors import Prior
 
 __all__ = ["TaskBatch", "StatisticBatch", "sample_task", "sample_statistic_task", "sample_statistic", "sample_chi2",
            "check_task_args", "make_generator", "MAX_NOISE_STD"]
@@ -178,10 +178,10 @@ def _sample_latents(prior, batch, n_ctx, noise_std, generator, signs):
     check_task_args(n_ctx, noise_std)
     check_instance("generator", generator, torch.Generator)
     if signs is not None:
-        if not isinstance(prior, TreePrior):
-            raise ValueError("signs can only be given for a tree prior")
+        if not prior.is_tree:
+            raise ValueError(f"signs can only be given for a tree prior, got {prior!r}")
         theta = prior.theta_from_signs(signs)
-    elif isinstance(prior, TreePrior):
+    elif prior.is_tree:
         signs = prior.sample_signs(batch, generator)
         theta = prior.theta_from_signs(signs)
     else:

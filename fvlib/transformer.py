@@ -81,6 +81,7 @@ from .priors import Prior
 
 __all__ = [
     "ARRANGEMENTS",
+    "TRANSFORMER_KINDS",
     "FEATURES",
     "TRANSFORMER_LAYER_HOOKS",
     "TransformerConfig",
@@ -324,6 +325,8 @@ class StandardTransformer(HookedModel):
 
 #: ``kind -> (n_layers, channels)`` as functions of the budget: A' deep and narrow, B' wide.
 _LAYOUTS = {"A": lambda M: (M, 1), "B": lambda M: (1, M)}
+#: The model letters of the standard transformers (A', B').
+TRANSFORMER_KINDS = tuple(_LAYOUTS)
 
 
 def transformer_config(
@@ -333,7 +336,7 @@ def transformer_config(
     ``kwargs`` are further :class:`TransformerConfig` fields (``d_model``, ``features``, ...)."""
     if kind not in _LAYOUTS:
         raise ValueError(
-            f"transformer model kind must be one of {tuple(_LAYOUTS)} (of {MODEL_KINDS}), got {kind!r}"
+            f"transformer model kind must be one of {TRANSFORMER_KINDS} (of {MODEL_KINDS}), got {kind!r}"
         )
     check_int("budget", budget, 1)
     dim = prior_or_dim.dim if isinstance(prior_or_dim, Prior) else check_int("dim", prior_or_dim, 1)

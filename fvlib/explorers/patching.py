@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 from .._checks import check_int
 from ..interventions import key_patching_sweep, patch_level_effect
 from ..plots.explorers import plot_patching_cell
-from ..priors import TreePrior
+from ..priors import TreePrior, check_tree_prior
 from ..theory import PatchingResult, theory_patching_sweep
 from .base import DrawFn, Explorer, slider
 from .live import LiveSpec
@@ -72,8 +72,7 @@ def patching_explorer(
     shown cell), ``row``, ``target_overlap`` and ``donor_overlap`` (``(K,)`` lists).
     """
     tree = TreePrior(4, 0.5) if tree is None else tree
-    if not isinstance(tree, TreePrior):
-        raise ValueError(f"tree must be a TreePrior, got {tree!r}")
+    check_tree_prior("tree", tree)
     n_layers = model.config.n_layers if model is not None else (tree.depth if n_layers is None else n_layers)
     check_int("n_layers", n_layers, 1, 64)
     check_int("split_level", split_level, 1, tree.depth)

@@ -13,8 +13,10 @@ import ipywidgets as widgets
 from tqdm.notebook import tqdm as notebook_tqdm
 
 from .._checks import check_int
+from ..families import DEFAULT_FAMILY, get_family
 from ..plots.explorers import plot_training_run
 from ..plots.training import theory_label
+from ..priors import prior_kinds
 from ..training import (EVAL_SEED_OFFSET, RunDirError, TrainConfig, build_prior, checkpoint_step, evaluate, load_history,
                         run_dir_for, theory_reference, train)
 from .base import Explorer, slider
@@ -76,8 +78,8 @@ class TrainingExplorer(Explorer):
         self.train_button.on_click(lambda _: self.start())
         self.stop_button.on_click(lambda _: self.stop())
         controls = {
-            "model": widgets.Dropdown(options=["A", "B", "C"], value=model, description="model"),
-            "prior": widgets.Dropdown(options=["tree", "gaussian-twin", "gaussian"], value=prior, description="prior"),
+            "model": widgets.Dropdown(options=list(get_family(DEFAULT_FAMILY).models), value=model, description="model"),
+            "prior": widgets.Dropdown(options=list(prior_kinds()), value=prior, description="prior"),
             "steps": slider(widgets.IntSlider, steps, 100, 5000, 100, "steps"),
         }
         super().__init__("Training explorer: a model against its theory baseline", controls, self._draw_current,

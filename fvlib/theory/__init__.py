@@ -10,7 +10,8 @@ Submodules, in layers from the bottom up; a submodule imports only from the laye
         the optimised adaptive policy: directions W_l(Phi_{l-1}) learned through the exact
         posterior, kept only where they beat greedy and the optimised non-adaptive directions
     strategies, dp
-        greedy, non-adaptive, LMMSE and optimised directions with their Monte Carlo losses;
+        greedy, non-adaptive, LMMSE and optimised directions with their Monte Carlo losses, and the
+        registry of strategies (name -> estimator, adaptive or not, what it needs);
         dynamic programming over coordinate actions (re-measuring allowed, or not)
     predictors
         the strategies and policies as predictors with a model's signature, batch -> theta_hat
@@ -97,20 +98,27 @@ from .posteriors import (
     update_with_node,
 )
 from .strategies import (
-    STRATEGIES,
+    CHANNELS,
+    STRATEGY_NEEDS,
     Estimate,
     Rollout,
+    Strategy,
     bayes_decode_nodes,
+    choosing_strategies,
     coordinate_decoder_losses,
     evaluate_strategies,
+    get_strategy,
     lmmse_decode_nodes,
     mc_contexts,
     nonadaptive_nodes,
     optimise_directions,
     optimise_gaussian_rows,
     orthonormal_rows,
+    register_strategy,
     run_greedy,
     strategy_estimate,
+    strategy_names,
+    unregister_strategy,
 )
 from .predictors import Predictor, policy_predictor, strategy_predictor
 

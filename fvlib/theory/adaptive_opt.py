@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .._checks import check_instance, check_int, check_number, check_seed
-from ..priors import TreePrior
+from .._checks import check_int, check_number, check_seed
+from ..priors import TreePrior, check_tree_prior
 from ..stats import squared_error
 from .channel import FiniteSampleChannel
 from .posteriors import greedy_action, node_masses, posterior_probs, tree_posterior_mean, uniform_log_weights
@@ -98,7 +98,7 @@ class AdaptivePolicy(nn.Module):
     def __init__(self, tree: TreePrior, n_layers: int, *, width: int = 64, hidden_layers: int = 2,
                  init_rows: torch.Tensor | None = None, greedy_start: bool = False):
         super().__init__()
-        check_instance("tree", tree, TreePrior)
+        check_tree_prior("tree", tree)
         check_int("n_layers", n_layers, 1)
         check_int("width", width, 1)
         check_int("hidden_layers", hidden_layers, 1)
@@ -182,7 +182,7 @@ def policy_rollout(tree: TreePrior, policy, channel, n_layers: int, tau2: float,
             rows are measured instead of the policy's (key patching, chapter 10).
     Differentiable in the policy's parameters.
     """
-    check_instance("tree", tree, TreePrior)
+    check_tree_prior("tree", tree)
     check_int("n_layers", n_layers, 1)
     check_number("tau2", tau2, 0, low_open=True)
     if not isinstance(channel, FiniteSampleChannel):
@@ -270,7 +270,7 @@ def optimise_adaptive_policy(
     to: no training, the better of the two is kept). Seeded: the same
     arguments give the same policy on CPU.
     """
-    check_instance("tree", tree, TreePrior)
+    check_tree_prior("tree", tree)
     check_int("budget", budget, 1, tree.dim)
     check_number("tau2", tau2, 0, low_open=True)
     check_seed("seed", seed)

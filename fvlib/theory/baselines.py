@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 
-from .._checks import check_budget, check_instance
-from ..priors import TreePrior
+from .._checks import check_budget
+from ..priors import TreePrior, check_tree_prior
 from .closed_forms import (
     best_fixed_nodes,
     channel_tau2,
@@ -63,7 +63,7 @@ def theory_baselines(
     :func:`~fvlib.theory.closed_forms.best_fixed_nodes` and its exact noise-free loss) when ``best_coord``.
     The extra strategies are evaluated after the others, so they change none of their numbers.
     """
-    check_instance("tree", tree, TreePrior)
+    check_tree_prior("tree", tree)
     check_budget("budget", budget, tree.depth)
     tau2 = channel_tau2(tree, n_ctx, noise_std)
     names = ("adaptive_greedy", "nonadaptive_coord", "lmmse") + (("nonadaptive_opt",) if optimised else ())

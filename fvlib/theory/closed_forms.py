@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from .._checks import check_instance, check_int, check_number, check_tensor
-from ..priors import Prior, TreePrior
+from ..priors import Prior, TreePrior, check_tree_prior
 from ..task import check_task_args
 
 __all__ = [
@@ -66,7 +66,7 @@ def noisefree_nonadaptive_loss(tree: TreePrior, budget: int) -> float:
 
 
 def _check_tree(tree) -> TreePrior:
-    return check_instance("tree", tree, TreePrior)
+    return check_tree_prior("tree", tree)
 
 
 def _variances(variances) -> torch.Tensor:

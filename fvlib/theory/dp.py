@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from .._checks import check_int, check_number, check_tensor
-from ..priors import TreePrior
+from ..priors import TreePrior, check_tree_prior
 from .posteriors import greedy_action, leaf_values_at, posterior_probs, tree_posterior_variance, uniform_log_weights
 
 __all__ = ["dp_value", "dp_no_repeat", "greedy_value", "policy_value", "optimal_actions", "dp_policy_tree", "MAX_DP_DEPTH",
@@ -53,8 +53,7 @@ _CHUNK = 16384
 
 def _check(tree: TreePrior, n_layers: int, tau: float, quad_points: int, rule: str):
     """Validate the DP arguments; returns the quadrature spec ``(quad_points, rule)``."""
-    if not isinstance(tree, TreePrior):
-        raise ValueError(f"the DP needs a TreePrior, got {tree!r}")
+    check_tree_prior("tree", tree)
     if tree.depth > MAX_DP_DEPTH:
         raise ValueError(f"the exact DP supports tree depth <= {MAX_DP_DEPTH}, got depth {tree.depth}")
     check_int("n_layers", n_layers, 1, min(MAX_DP_LAYERS, tree.dim))

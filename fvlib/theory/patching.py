@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from .._checks import check_int
-from ..priors import TreePrior
+from ..priors import TreePrior, check_tree_prior
 from ..stats import mean_and_stderr, squared_error
 from ..task import TaskBatch, check_task_args, make_generator, sample_task
 from .adaptive_opt import OptimisedPolicy, policy_rollout
@@ -71,10 +71,8 @@ DEFAULT_CHUNK = 500
 # Donor / target pairs
 # ----------------------------------------------------------------------------------------
 def check_tree(tree) -> TreePrior:
-    """``tree`` if it is a :class:`~fvlib.priors.TreePrior` (patching needs paths), else ``ValueError``."""
-    if not isinstance(tree, TreePrior):
-        raise ValueError(f"patching needs a TreePrior, got {tree!r}")
-    return tree
+    """``tree`` if it is a tree prior (patching needs paths), else ``ValueError``."""
+    return check_tree_prior("tree", tree)
 
 
 def chunk_sizes(total: int, chunk: int) -> list[int]:

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_instance, check_int, check_number, check_tensor
-from ..priors import TreePrior
+from .._checks import check_int, check_number, check_tensor
+from ..priors import TreePrior, check_tree_prior
 
 __all__ = [
     "uniform_log_weights",
@@ -39,7 +39,7 @@ __all__ = [
 
 
 def _check_tree(tree) -> TreePrior:
-    return check_instance("tree", tree, TreePrior)
+    return check_tree_prior("tree", tree)
 
 
 def _check_leaf_tensor(name: str, tree: TreePrior, value) -> torch.Tensor:

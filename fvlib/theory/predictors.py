@@ -17,13 +17,13 @@ from collections.abc import Callable
 
 import torch
 
-from .._checks import check_budget, check_instance
-from ..priors import TreePrior
+from .._checks import check_budget
+from ..priors import TreePrior, check_tree_prior
 from ..task import TaskBatch
 from .adaptive_opt import policy_rollout
 from .channel import FiniteSampleChannel
 from .closed_forms import best_fixed_nodes, channel_tau2
-from .strategies import STRATEGIES, strategy_estimate
+from .strategies import get_strategy, strategy_estimate
 
 __all__ = ["Predictor", "strategy_predictor", "policy_predictor"]
 
@@ -39,25 +39,25 @@ def _channel(tree: TreePrior, batch: TaskBatch) -> tuple[FiniteSampleChannel, fl
 
 def strategy_predictor(name: str, tree: TreePrior, budget: int, *, directions: torch.Tensor | None = None,
                        nodes: torch.Tensor | None = None) -> Predictor:
-    """Strategy ``name`` of :data:`~fvlib.theory.strategies.STRATEGIES` (not ``adaptive_opt``: see
-    :func:`policy_predictor`) as a predictor spending ``budget`` measurements. ``directions``
+    """The registered strategy ``name`` (:func:`~fvlib.theory.strategies.strategy_names`; not one that
+    needs a policy, ``adaptive_opt``: see :func:`policy_predictor`) as a predictor spending ``budget`` measurements. ``directions``
     ``(M, D)``: the rows of ``nonadaptive_opt`` (required there, e.g.
     :func:`~fvlib.theory.strategies.optimise_directions`); ``nodes``: the set of
     ``nonadaptive_best_coord`` (default :func:`~fvlib.theory.closed_forms.best_fixed_nodes`)."""
-    check_instance("tree", tree, TreePrior)
+    check_tree_prior("tree", tree)
     check_budget("budget", budget, tree.depth)
-    if name not in STRATEGIES or name == "adaptive_opt":
-        raise ValueError(f"strategy must be one of {tuple(s for s in STRATEGIES if s != 'adaptive_opt')}, "
-                         f"got {name!r} (adaptive_opt is a policy: policy_predictor)")
-    if name == "nonadaptive_opt" and directions is None:
-        raise ValueError("nonadaptive_opt needs its directions (M, D), e.g. optimise_directions(tree, M, tau2)")
-    if name == "nonadaptive_best_coord" and nodes is None:
+    needs = get_strategy(name).needs
+    if "policy" in needs:
+        raise ValueError(f"{name} is a policy: policy_predictor runs it")
+    if "directions" in needs and directions is None:
+        raise ValueError(f"{name} needs its directions (M, D), e.g. optimise_directions(tree, M, tau2)")
+    if "nodes" in needs and nodes is None:
         nodes = best_fixed_nodes(tree, budget)
 
     @torch.no_grad()
     def predict(batch: TaskBatch) -> torch.Tensor:
         channel, tau2 = _channel(tree, batch)
-        return strategy_estimate(name, tree, channel, budget, tau2, directions, nodes)
+        return strategy_estimate(name, tree, channel, budget, tau2, directions=directions, nodes=nodes)
 
     return predict
 
@@ -68,7 +68,7 @@ def policy_predictor(tree: TreePrior, policy, budget: int) -> Predictor:
     :func:`~fvlib.theory.adaptive_opt.policy_rollout` and decoded exactly, as a predictor.
     (``strategy_predictor("adaptive_greedy", ...)`` runs the same greedy rule by
     :func:`~fvlib.theory.strategies.run_greedy`'s own loop: equal up to float rounding.)"""
-    check_instance("tree", tree, TreePrior)
+    check_tree_prior("tree", tree)
     check_budget("budget", budget, tree.depth)
 
     @torch.no_grad()

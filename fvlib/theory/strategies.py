@@ -6,6 +6,11 @@ ones) and decodes with the exact Bayes posterior under the Gaussian-channel like
 (``lmmse`` decodes linearly instead). Observations come from a channel (``channel.py``): the
 finite-``N`` statistic by default, or the Gaussian channel itself.
 
+Every strategy is registered once (:func:`register_strategy`) with its estimator, what it needs
+(directions, a node set, a policy), the channels it runs on and whether it is **adaptive**:
+whether it chooses each measurement from what it has read (:func:`choosing_strategies`).
+:func:`strategy_names` lists them and :func:`get_strategy` looks one up.
+
 The greedy rule itself is a function of the belief and lives with the posteriors
 (:func:`fvlib.theory.posteriors.greedy_action`); :func:`run_greedy` runs it against a channel.
 The table of all baselines (strategies beside the DP optimum) is
@@ -15,12 +20,13 @@ The table of all baselines (strategies beside the DP optimum) is
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from .._checks import check_budget, check_instance, check_int, check_number, check_seed, check_tensor
-from ..priors import Prior, TreePrior
+from ..priors import Prior, TreePrior, check_tree_prior
 from ..stats import mean_and_stderr, squared_error
 from .adaptive_opt import OptimisedPolicy, optimise_adaptive_policy
 from .channel import FiniteSampleChannel, GaussianChannel, sample_statistic
@@ -50,16 +56,20 @@ __all__ = [
     "evaluate_strategies",
     "strategy_estimate",
     "coordinate_decoder_losses",
-    "STRATEGIES",
+    "CHANNELS",
+    "STRATEGY_NEEDS",
+    "Strategy",
+    "register_strategy",
+    "unregister_strategy",
+    "strategy_names",
+    "get_strategy",
+    "choosing_strategies",
 ]
 
-#: ``nonadaptive_coord`` reads the first ``M`` nodes in heap order (the CLI's definition), which
-#: is *not* the best fixed coordinate set; ``nonadaptive_best_coord`` reads the set of
-#: :func:`~fvlib.theory.closed_forms.best_fixed_nodes` (best without channel noise), or a given set.
-#: ``adaptive_opt`` is the optimised adaptive policy (:mod:`fvlib.theory.adaptive_opt`), on the
-#: finite-``N`` channel only.
-STRATEGIES = ("adaptive_greedy", "nonadaptive_coord", "lmmse", "nonadaptive_opt", "nonadaptive_best_coord",
-              "adaptive_opt")
+#: The channels a strategy is observed through (:func:`evaluate_strategies`).
+CHANNELS = ("finite", "gaussian")
+#: What a strategy may need beside the tree, the channel, the budget and ``tau^2``.
+STRATEGY_NEEDS = ("directions", "nodes", "policy")
 
 
 @dataclass(frozen=True)
@@ -107,7 +117,7 @@ def run_greedy(tree: TreePrior, channel, n_layers: int, tau2: float, forced: dic
         forced: optional ``{layer: nodes (B,)}`` with 1-based layers; at those layers the given
             nodes are measured instead of the greedy choice (the key-patching intervention).
     """
-    check_instance("tree", tree, TreePrior)
+    check_tree_prior("tree", tree)
     check_budget("budget", n_layers, tree.depth)
     check_instance("channel", channel, (FiniteSampleChannel, GaussianChannel))
     batch = _channel_batch(channel)
@@ -139,7 +149,7 @@ def nonadaptive_nodes(tree_or_dim, budget: int) -> torch.Tensor:
     This is the set of the ``nonadaptive_coord`` strategy. It is not the best fixed set of
     coordinates: see :func:`~fvlib.theory.closed_forms.best_fixed_nodes`.
     """
-    if isinstance(tree_or_dim, TreePrior):
+    if isinstance(tree_or_dim, Prior):
         tree_or_dim = tree_or_dim.dim
     dim = check_int("tree_or_dim", tree_or_dim, 1)
     check_int("budget", budget, 1, dim)
@@ -194,7 +204,7 @@ def optimise_directions(
     Monte Carlo Bayes risk under the Gaussian channel, with fresh samples every step (Adam).
     Starts from the first ``M`` heap-order coordinates plus noise. Returns ``Q (M, D)``.
     """
-    check_instance("tree", tree, TreePrior)
+    check_tree_prior("tree", tree)
     check_budget("budget", budget, tree.depth)
     check_number("tau2", tau2, 0, low_open=True)
     for name, value in (("steps", steps), ("batch", batch)):
@@ -274,7 +284,7 @@ def mc_contexts(prior, samples: int, n_ctx: int, noise_std: float, seed: int, st
     check_seed("seed", seed)
     check_instance("prior", prior, Prior)
     gen = torch.Generator().manual_seed(seed)
-    if isinstance(prior, TreePrior):
+    if prior.is_tree:
         signs = prior.sample_signs(samples, gen)
         theta = prior.theta_from_signs(signs)
     else:
@@ -312,12 +322,14 @@ def evaluate_strategies(
             best *without* channel noise (at finite ``N`` another set may do better).
     Returns ``{strategy: Estimate}``; the sample count is in each estimate.
     """
-    unknown = set(strategies) - set(STRATEGIES)
+    unknown = set(strategies) - set(strategy_names())
     if unknown:
-        raise ValueError(f"unknown strategies {sorted(unknown)}; choose from {STRATEGIES}")
-    if channel not in ("finite", "gaussian"):
-        raise ValueError(f"channel must be 'finite' or 'gaussian', got {channel!r}")
-    check_instance("tree", tree, TreePrior)
+        raise ValueError(f"unknown strategies {sorted(unknown)}; choose from {strategy_names()}")
+    if channel not in CHANNELS:
+        raise ValueError(f"channel must be one of {CHANNELS}, got {channel!r}")
+    chosen = [get_strategy(name) for name in strategies]
+    needs = set().union(*(strategy.needs for strategy in chosen))
+    check_tree_prior("tree", tree)
     tau2 = channel_tau2(tree, n_ctx, noise_std)
     check_budget("budget", budget, tree.depth)
     check_int("samples", samples, 1)
@@ -326,13 +338,14 @@ def evaluate_strategies(
         nodes = check_nodes(tree, nodes)
         if nodes.numel() != budget:
             raise ValueError(f"nodes must hold budget = {budget} node ids, got {nodes.numel()}")
-    elif "nonadaptive_best_coord" in strategies:
+    elif "nodes" in needs:
         nodes = best_fixed_nodes(tree, budget)
-    if "adaptive_opt" in strategies and channel != "finite":
-        raise ValueError(f"adaptive_opt needs channel='finite', got {channel!r}")
-    if directions is None and ("nonadaptive_opt" in strategies or ("adaptive_opt" in strategies and policy is None)):
+    for strategy in chosen:
+        if channel not in strategy.channels:
+            raise ValueError(f"{strategy.name} needs channel one of {strategy.channels}, got {channel!r}")
+    if directions is None and ("directions" in needs or ("policy" in needs and policy is None)):
         directions = optimise_directions(tree, budget, tau2, seed=seed)
-    if "adaptive_opt" in strategies and policy is None:
+    if "policy" in needs and policy is None:
         policy = optimise_adaptive_policy(tree, budget, tau2, directions=directions, seed=seed)
     theta, _, g_hat = mc_contexts(tree, samples, n_ctx, noise_std, seed, statistic=channel == "finite")
     gen = torch.Generator().manual_seed(seed + 1)
@@ -343,33 +356,139 @@ def evaluate_strategies(
         return GaussianChannel(theta, math.sqrt(tau2), gen)
 
     out = {}
-    for name in strategies:
-        if name == "adaptive_opt":
-            theta_hat = policy.rollout(tree, make_channel(), tau2).theta_hat
-        else:
-            theta_hat = strategy_estimate(name, tree, make_channel(), budget, tau2, directions, nodes)
-        out[name] = Estimate.of(squared_error(theta_hat, theta))
+    for strategy in chosen:
+        theta_hat = strategy.estimate(tree, make_channel(), budget, tau2, directions=directions, nodes=nodes,
+                                      policy=policy)
+        out[strategy.name] = Estimate.of(squared_error(theta_hat, theta))
     return out
 
 
-def strategy_estimate(name: str, tree: TreePrior, chan, budget: int, tau2: float, directions=None,
-                      best_nodes=None) -> torch.Tensor:
-    """``theta_hat (B, D)`` of strategy ``name`` (one of :data:`STRATEGIES` but ``adaptive_opt``,
-    which is a policy: :func:`~fvlib.theory.adaptive_opt.policy_rollout`) on the ``B`` contexts of
-    the channel ``chan``, spending ``budget`` measurements; ``directions`` ``(M, D)`` for
-    ``nonadaptive_opt``, ``best_nodes`` ``(M,)`` for ``nonadaptive_best_coord``."""
-    if name == "adaptive_greedy":
-        return run_greedy(tree, chan, budget, tau2).theta_hat
-    if name == "nonadaptive_opt":
-        Q = directions
-        u = chan.measure(Q)
-        return posterior_probs(log_likelihood_directions(tree, Q, u, tau2)) @ tree.leaf_thetas
-    nodes = best_nodes if name == "nonadaptive_best_coord" else nonadaptive_nodes(tree, budget)
-    W = torch.eye(tree.dim, dtype=torch.float64)[nodes]
-    phis = chan.measure(W)
-    if name in ("nonadaptive_coord", "nonadaptive_best_coord"):
-        return bayes_decode_nodes(tree, nodes, phis, tau2)
-    return lmmse_decode_nodes(tree.node_variances, nodes, phis, tau2)
+def strategy_estimate(name: str, tree: TreePrior, chan, budget: int, tau2: float, *, directions=None,
+                      nodes=None, policy=None) -> torch.Tensor:
+    """``theta_hat (B, D)`` of the registered strategy ``name`` (:func:`get_strategy`) on the ``B``
+    contexts of the channel ``chan``, spending ``budget`` measurements; what it needs
+    (:attr:`Strategy.needs`): ``directions`` ``(M, D)`` (``nonadaptive_opt``), ``nodes`` ``(M,)``
+    (``nonadaptive_best_coord``), ``policy`` (``adaptive_opt``: an
+    :class:`~fvlib.theory.adaptive_opt.OptimisedPolicy`)."""
+    return get_strategy(name).estimate(tree, chan, budget, tau2, directions=directions, nodes=nodes, policy=policy)
+
+
+# ----------------------------------------------------------------------------------------
+# The registry of strategies
+# ----------------------------------------------------------------------------------------
+#: ``estimate(tree, channel, budget, tau2, *, directions, nodes, policy) -> theta_hat (B, D)``.
+StrategyEstimator = Callable[..., torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A registered strategy.
+
+    Attributes:
+        name: its name (a key of :func:`evaluate_strategies`' results and of the stored experiments).
+        estimate: its :data:`StrategyEstimator`.
+        adaptive: it chooses each measurement from what it has read (greedy, the optimised
+            adaptive policy); the others fix their measurements in advance.
+        needs: what of :data:`STRATEGY_NEEDS` it reads beside the channel.
+        channels: the channels of :data:`CHANNELS` it runs on.
+        description: one line for listings.
+    """
+
+    name: str
+    estimate: StrategyEstimator
+    adaptive: bool
+    needs: frozenset[str]
+    channels: tuple[str, ...]
+    description: str
+
+
+_STRATEGIES: dict[str, Strategy] = {}
+
+
+def register_strategy(name: str, estimate: StrategyEstimator, *, adaptive: bool, needs=(), channels=CHANNELS,
+                      description: str = "") -> Strategy:
+    """Register the strategy ``name``; ``ValueError`` if the name is taken, or a need or channel unknown."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a strategy's name must be a non-empty string, got {name!r}")
+    if name in _STRATEGIES:
+        raise ValueError(f"strategy {name!r} is already registered")
+    unknown = (set(needs) - set(STRATEGY_NEEDS)) | (set(channels) - set(CHANNELS))
+    if unknown:
+        raise ValueError(f"unknown needs or channels {sorted(unknown)}; needs are {STRATEGY_NEEDS}, "
+                         f"channels {CHANNELS}")
+    strategy = Strategy(name, estimate, bool(adaptive), frozenset(needs), tuple(channels), description)
+    _STRATEGIES[name] = strategy
+    return strategy
+
+
+def unregister_strategy(name: str) -> None:
+    """Remove the strategy ``name`` (``ValueError`` if it is not registered)."""
+    get_strategy(name)
+    del _STRATEGIES[name]
+
+
+def strategy_names() -> tuple[str, ...]:
+    """The registered strategies' names, in the order they were registered."""
+    return tuple(_STRATEGIES)
+
+
+def get_strategy(name: str) -> Strategy:
+    """The registered strategy ``name``; ``ValueError`` naming ``name`` and the registered strategies."""
+    try:
+        return _STRATEGIES[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"strategy must be one of {strategy_names()}, got {name!r}") from None
+
+
+def choosing_strategies() -> tuple[str, ...]:
+    """The registered strategies that choose their measurements adaptively (:attr:`Strategy.adaptive`)."""
+    return tuple(name for name, strategy in _STRATEGIES.items() if strategy.adaptive)
+
+
+def _greedy_estimate(tree, chan, budget, tau2, **given) -> torch.Tensor:
+    return run_greedy(tree, chan, budget, tau2).theta_hat
+
+
+def _directions_estimate(tree, chan, budget, tau2, *, directions, **given) -> torch.Tensor:
+    u = chan.measure(directions)
+    return posterior_probs(log_likelihood_directions(tree, directions, u, tau2)) @ tree.leaf_thetas
+
+
+def _read_nodes(tree, chan, nodes) -> torch.Tensor:
+    """``phis (B, M)``: the coordinates ``nodes (M,)`` read through ``chan``."""
+    return chan.measure(torch.eye(tree.dim, dtype=torch.float64)[nodes])
+
+
+def _heap_coordinates_estimate(tree, chan, budget, tau2, **given) -> torch.Tensor:
+    nodes = nonadaptive_nodes(tree, budget)
+    return bayes_decode_nodes(tree, nodes, _read_nodes(tree, chan, nodes), tau2)
+
+
+def _node_set_estimate(tree, chan, budget, tau2, *, nodes, **given) -> torch.Tensor:
+    return bayes_decode_nodes(tree, nodes, _read_nodes(tree, chan, nodes), tau2)
+
+
+def _lmmse_estimate(tree, chan, budget, tau2, **given) -> torch.Tensor:
+    nodes = nonadaptive_nodes(tree, budget)
+    return lmmse_decode_nodes(tree.node_variances, nodes, _read_nodes(tree, chan, nodes), tau2)
+
+
+def _policy_estimate(tree, chan, budget, tau2, *, policy, **given) -> torch.Tensor:
+    return policy.rollout(tree, chan, tau2).theta_hat
+
+
+register_strategy("adaptive_greedy", _greedy_estimate, adaptive=True,
+                  description="greedy coordinates, chosen from the posterior, decoded exactly")
+register_strategy("nonadaptive_coord", _heap_coordinates_estimate, adaptive=False,
+                  description="the first M nodes in heap order (not the best fixed set), decoded exactly")
+register_strategy("lmmse", _lmmse_estimate, adaptive=False,
+                  description="the first M nodes in heap order, decoded linearly")
+register_strategy("nonadaptive_opt", _directions_estimate, adaptive=False, needs=("directions",),
+                  description="optimised fixed directions (optimise_directions), decoded exactly")
+register_strategy("nonadaptive_best_coord", _node_set_estimate, adaptive=False, needs=("nodes",),
+                  description="a fixed node set (best_fixed_nodes: best without channel noise), decoded exactly")
+register_strategy("adaptive_opt", _policy_estimate, adaptive=True, needs=("policy",), channels=("finite",),
+                  description="the optimised adaptive policy (fvlib.theory.adaptive_opt), finite-N channel only")
 
 
 def coordinate_decoder_losses(

@@ -22,14 +22,12 @@ from .batched import train_many
 from .checkpoint import checkpoint_step, load_history, load_run
 from .config import (
     ADDED_FIELDS,
-    ARCHS,
     CURRICULUM_SHARE,
     EVAL_SEED_OFFSET,
     IMITATION_RECIPE,
     INPUT_PATHS,
     LEARNING_RECIPE,
     ORIGINAL_RECIPE,
-    PRIOR_KINDS,
     RECIPE,
     RESUMABLE_FIELDS,
     RUN_ROOT_ENV,
@@ -64,8 +62,8 @@ from .loop import (
 from .rundir import RunDirError
 
 __all__ = [
-    "ADDED_FIELDS", "ARCHS", "CURRICULUM_SHARE", "EVAL_SEED_OFFSET", "IMITATION_RECIPE", "INPUT_PATHS", "LEARNING_RECIPE",
-    "ORIGINAL_RECIPE", "PRIOR_KINDS", "RECIPE", "RESUMABLE_FIELDS", "RUN_ROOT_ENV", "TRANSFORMER_RECIPE",
+    "ADDED_FIELDS", "CURRICULUM_SHARE", "EVAL_SEED_OFFSET", "IMITATION_RECIPE", "INPUT_PATHS", "LEARNING_RECIPE",
+    "ORIGINAL_RECIPE", "RECIPE", "RESUMABLE_FIELDS", "RUN_ROOT_ENV", "TRANSFORMER_RECIPE",
     "WARM_START_LR", "WARM_START_SEED_OFFSET", "TrainConfig", "build_model", "build_prior", "curriculum_start",
     "estimate_memory", "lr_at", "recipe_for", "resolve_device", "run_dir_for", "run_root", "training_prior",
     "MATCHING_BASELINE", "compare_with_theory", "evaluate", "per_context_losses", "theory_reference",

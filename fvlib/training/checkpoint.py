@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from .._checks import is_int
+from ..families import get_family
 from ..models import FVTransformer, ModelConfig
 from ..transformer import TransformerConfig
 from .config import RESUMABLE_FIELDS, TrainConfig, model_from_config
@@ -68,8 +69,7 @@ def _parse_config(data: bytes, path: Path) -> tuple[TrainConfig, ModelConfig | T
     payload = _json_from_bytes(data, path)
     try:
         config = TrainConfig.from_dict(payload["train"])
-        kind = ModelConfig if config.arch == "constrained" else TransformerConfig
-        model_config = kind.from_dict(payload["model"])
+        model_config = get_family(config.arch).config_class.from_dict(payload["model"])
     except (KeyError, TypeError, ValueError) as err:
         raise RunDirError(f"invalid run config in {path}: {err}") from None
     if model_config != config.model_config():

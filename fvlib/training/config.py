@@ -22,15 +22,14 @@ from pathlib import Path
 import torch
 
 from .._checks import check_budget, check_int, check_number, check_seed
-from ..models import MODEL_KINDS, FVTransformer, ModelConfig, model_config
-from ..priors import Prior, TreePrior, make_prior
+from ..families import DEFAULT_FAMILY, family_names, family_of_config, get_family
+from ..models import FVTransformer, ModelConfig
+from ..priors import Prior, get_prior_kind, make_prior
 from ..task import check_task_args
-from ..transformer import StandardTransformer, TransformerConfig, transformer_config
+from ..transformer import StandardTransformer, TransformerConfig
 
 __all__ = [
-    "PRIOR_KINDS",
     "INPUT_PATHS",
-    "ARCHS",
     "EVAL_SEED_OFFSET",
     "WARM_START_SEED_OFFSET",
     "RESUMABLE_FIELDS",
@@ -57,11 +56,8 @@ __all__ = [
     "run_dir_for",
 ]
 
-PRIOR_KINDS = ("tree", "gaussian-twin", "gaussian")
 #: What a training step draws and the model reads (:attr:`TrainConfig.inputs`).
 INPUT_PATHS = ("tokens", "statistic")
-#: ``arch -> transformer arrangement``; ``"constrained"`` is the book's models A, B, C.
-ARCHS = {"constrained": None, "transformer": "bottlenecked", "transformer-open": "open"}
 #: The evaluation contexts are drawn with ``effective_data_seed + EVAL_SEED_OFFSET``, never seen
 #: in training.
 EVAL_SEED_OFFSET = 10_000
@@ -78,7 +74,7 @@ ADDED_FIELDS = {
     "warmup": 0.0,
     "router_warm_start": 0,
     "data_seed": None,
-    "arch": "constrained",
+    "arch": DEFAULT_FAMILY,
     "expected_loss": False,
     "alpha_start": None,
     "inputs": "tokens",
@@ -153,16 +149,15 @@ TRANSFORMER_RECIPE = {"lr": 2e-3, "warmup": 0.0, "queries": 64, "batch": 64, "wi
 
 def recipe_for(arch: str, prior: str = "tree", alpha: float = 0.5) -> dict:
     """The training settings that ``python -m fvlib train --arch ARCH`` uses where no flag is
-    given: for ``'constrained'`` :data:`LEARNING_RECIPE`, on the tree prior with its curriculum
-    (``alpha_start = curriculum_start(alpha)``); :data:`TRANSFORMER_RECIPE` for the standard
+    given: for a family whose models predict ``theta_hat`` (``'constrained'``)
+    :data:`LEARNING_RECIPE`, on a tree prior with its curriculum (``alpha_start =
+    curriculum_start(alpha)``); :data:`TRANSFORMER_RECIPE` for the others, the standard
     transformers (their sampled loss, no curriculum)."""
-    if arch not in ARCHS:
-        raise ValueError(f"arch must be one of {tuple(ARCHS)}, got {arch!r}")
-    if prior not in PRIOR_KINDS:
-        raise ValueError(f"prior must be one of {PRIOR_KINDS}, got {prior!r}")
-    if arch != "constrained":
+    family = get_family(arch)
+    tree = get_prior_kind(prior).is_tree
+    if not family.predicts_theta:
         return dict(TRANSFORMER_RECIPE)
-    curriculum = {"alpha_start": curriculum_start(alpha)} if prior == "tree" else {}
+    curriculum = {"alpha_start": curriculum_start(alpha)} if tree else {}
     return {**LEARNING_RECIPE, **curriculum}
 
 
@@ -264,14 +259,11 @@ class TrainConfig:
     inputs: str = "auto"
 
     def __post_init__(self):
-        if self.arch not in ARCHS:
-            raise ValueError(f"arch must be one of {tuple(ARCHS)}, got {self.arch!r}")
+        family = get_family(self.arch)
         self._resolve_inputs()
-        kinds = MODEL_KINDS if self.arch == "constrained" else ("A", "B")
-        if self.model not in kinds:
-            raise ValueError(f"model must be one of {kinds} for arch {self.arch!r}, got {self.model!r}")
-        if self.prior not in PRIOR_KINDS:
-            raise ValueError(f"prior must be one of {PRIOR_KINDS}, got {self.prior!r}")
+        if self.model not in family.models:
+            raise ValueError(f"model must be one of {family.models} for arch {self.arch!r}, got {self.model!r}")
+        get_prior_kind(self.prior)
         for name in (
             "depth",
             "budget",
@@ -299,14 +291,14 @@ class TrainConfig:
         if not isinstance(self.expected_loss, bool):
             raise ValueError(f"expected_loss must be True or False, got {self.expected_loss!r}")
         if self.alpha_start is not None:
-            if self.prior != "tree":
+            if not get_prior_kind(self.prior).is_tree:
                 raise ValueError(f"alpha_start (a curriculum over the tree's decay) needs the tree prior, "
                                  f"got prior {self.prior!r}")
             check_number("alpha_start", self.alpha_start, 0, 1, low_open=True)
         check_number("alpha_ramp", self.alpha_ramp, 0, 1, low_open=True)
-        if self.expected_loss and self.arch != "constrained":
-            raise ValueError(f"expected_loss needs a model that predicts theta_hat (arch 'constrained'), "
-                             f"got arch {self.arch!r}")
+        if self.expected_loss and not family.predicts_theta:
+            raise ValueError(f"expected_loss needs a model that predicts theta_hat (arch one of "
+                             f"{_families_that('predicts_theta')}), got arch {self.arch!r}")
         check_task_args(self.n_ctx, self.noise_std)
         make_prior(self.prior, self.depth, self.alpha)  # validates depth and alpha
         check_budget("budget", self.budget, self.depth)
@@ -319,9 +311,9 @@ class TrainConfig:
             object.__setattr__(self, "inputs", "auto")
         if self.inputs not in ("auto",) + INPUT_PATHS:
             raise ValueError(f"inputs must be one of {('auto',) + INPUT_PATHS}, got {self.inputs!r}")
-        if self.inputs == "statistic" and self.arch != "constrained":
-            raise ValueError(f"inputs 'statistic' needs a model that reads only the pooled statistic (arch "
-                             f"'constrained'); arch {self.arch!r} reads every token")
+        if self.inputs == "statistic" and not get_family(self.arch).reads_statistic:
+            raise ValueError(f"inputs 'statistic' needs a model that reads only the pooled statistic (arch one of "
+                             f"{_families_that('reads_statistic')}); arch {self.arch!r} reads every token")
 
     @property
     def input_path(self) -> str:
@@ -329,7 +321,7 @@ class TrainConfig:
         return self._default_path() if self.inputs == "auto" else self.inputs
 
     def _default_path(self) -> str:
-        return "statistic" if self.arch == "constrained" else "tokens"
+        return get_family(self.arch).input_path
 
     @property
     def statistic(self) -> bool:
@@ -360,10 +352,11 @@ class TrainConfig:
 
     @property
     def warm_starts(self) -> bool:
-        """``True`` for a run that warm-starts its router, i.e. model A (constrained) on the
-        tree prior with ``router_warm_start > 0``; only then does ``router_lr_scale`` apply."""
-        return (self.router_warm_start > 0 and self.arch == "constrained" and self.model == "A"
-                and self.prior == "tree")
+        """``True`` for a run that warm-starts its router, i.e. model A (constrained: the models of
+        its family's ``warm_start_models``) on a tree prior with ``router_warm_start > 0``; only
+        then does ``router_lr_scale`` apply."""
+        return (self.router_warm_start > 0 and self.model in get_family(self.arch).warm_start_models
+                and get_prior_kind(self.prior).is_tree)
 
     @property
     def effective_data_seed(self) -> int:
@@ -377,10 +370,14 @@ class TrainConfig:
         return unused | ({"alpha_ramp"} if self.alpha_start is None else set())
 
     def model_config(self) -> ModelConfig | TransformerConfig:
-        """The architecture this run trains."""
-        if self.arch != "constrained":
-            return transformer_config(self.model, 2**self.depth - 1, self.budget, ARCHS[self.arch], d_model=self.width)
-        return model_config(self.model, 2**self.depth - 1, self.budget, self.width, self.hidden_layers)
+        """The architecture this run trains (its family's :attr:`~fvlib.families.ModelFamily.build_config`)."""
+        return get_family(self.arch).build_config(self.model, 2**self.depth - 1, self.budget, self.width,
+                                                  self.hidden_layers)
+
+
+def _families_that(capability: str) -> tuple[str, ...]:
+    """The registered families whose ``capability`` (a flag of :class:`~fvlib.families.ModelFamily`) is set."""
+    return tuple(name for name in family_names() if getattr(get_family(name), capability))
 
 
 # ----------------------------------------------------------------------------------------
@@ -404,9 +401,8 @@ def build_prior(config: TrainConfig) -> Prior:
 
 
 def model_from_config(model_config: ModelConfig | TransformerConfig) -> FVTransformer | StandardTransformer:
-    if isinstance(model_config, TransformerConfig):
-        return StandardTransformer(model_config)
-    return FVTransformer(model_config)
+    """The untrained model of ``model_config``, built by the class of its family (:func:`fvlib.families.family_of_config`)."""
+    return family_of_config(model_config).model_class(model_config)
 
 
 def build_model(config: TrainConfig) -> FVTransformer | StandardTransformer:
@@ -435,7 +431,7 @@ def estimate_memory(config: TrainConfig) -> float:
     except RuntimeError:  # too large for torch to describe
         return math.inf
     numbers += 4 * params
-    if config.arch != "constrained":
+    if get_family(config.arch).softmax_attention:
         layers = config.model_config().n_layers
         numbers += config.n_ctx**2 * (512 + 3 * config.batch * layers // 2)  # eval chunk, training
     return 4.0 * numbers
@@ -461,7 +457,7 @@ def training_prior(config: TrainConfig, step: int) -> Prior:
     if config.alpha_start is None:
         return build_prior(config)
     done = min(1.0, step / (config.alpha_ramp * config.steps))
-    return TreePrior(config.depth, config.alpha_start + (config.alpha - config.alpha_start) * done)
+    return make_prior(config.prior, config.depth, config.alpha_start + (config.alpha - config.alpha_start) * done)
 
 
 # ----------------------------------------------------------------------------------------
@@ -496,6 +492,6 @@ def run_dir_for(config: TrainConfig, root: str | os.PathLike | None = None) -> P
         and not (k in ADDED_FIELDS and v == ADDED_FIELDS[k])
     }
     digest = hashlib.sha256(json.dumps(fields_that_matter, sort_keys=True).encode()).hexdigest()[:10]
-    prefix = "" if config.arch == "constrained" else f"{config.arch}-"
+    prefix = "" if config.arch == DEFAULT_FAMILY else f"{config.arch}-"
     name = f"{prefix}{config.model}-{config.prior}-K{config.depth}-M{config.budget}-N{config.n_ctx}-s{config.steps}-{digest}"
     return root / name

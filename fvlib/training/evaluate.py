@@ -15,7 +15,7 @@ import torch
 
 from .._checks import check_int
 from ..models import FVTransformer
-from ..priors import Prior, TreePrior
+from ..priors import Prior
 from ..stats import mean_and_stderr, paired_ratio, squared_error
 from ..task import StatisticBatch, TaskBatch, make_generator, sample_statistic_task, sample_task
 from ..theory import (channel_tau2, evaluate_strategies, gaussian_coordinate_loss, optimise_directions,
@@ -176,7 +176,7 @@ def theory_reference(config: TrainConfig, samples: int = 4000, seed: int = 0, *,
     """
     prior = build_prior(config)
     tau2 = channel_tau2(prior, config.n_ctx, config.noise_std)
-    if not isinstance(prior, TreePrior):
+    if not prior.is_tree:
         value = gaussian_coordinate_loss(torch.diagonal(prior.second_moment()), config.budget, tau2)
         return {"name": "gaussian_closed_form", "value": value, "stderr": 0.0, "samples": 0}
     name = MATCHING_BASELINE[config.model]
@@ -190,8 +190,8 @@ def baseline_predictor(config: TrainConfig, seed: int = 0):
     predictor, ``batch -> theta_hat`` (:mod:`fvlib.theory.predictors`); ``nonadaptive_opt``'s
     directions are optimised with ``seed`` (as :func:`theory_reference` does)."""
     tree = build_prior(config)
-    if not isinstance(tree, TreePrior):
-        raise ValueError(f"baseline_predictor needs a tree prior (Gaussian priors have a closed form), "
+    if not tree.is_tree:
+        raise ValueError(f"baseline_predictor needs a tree prior (the others have a closed form), "
                          f"got {config.prior!r}")
     name = MATCHING_BASELINE[config.model]
     directions = None
@@ -221,7 +221,7 @@ def compare_with_theory(model, config: TrainConfig, contexts: int = 4000, seed: 
                                   statistic=config.statistic)
     errors = per_context_losses(model, batches)[0]
     model_mean, model_se = (float(v) for v in mean_and_stderr(errors))
-    if isinstance(prior, TreePrior):
+    if prior.is_tree:
         theory_errors = per_context_errors({"theory": baseline_predictor(config, seed)}, batches)["theory"]
         theory, theory_se = (float(v) for v in mean_and_stderr(theory_errors))
         ratio, ratio_se = paired_ratio(errors, theory_errors)

@@ -38,6 +38,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .._checks import check_int
+from ..families import DEFAULT_FAMILY
 from ..models import FVTransformer
 from ..priors import Prior
 from ..task import StatisticBatch, TaskBatch, make_generator, sample_statistic_task, sample_task
@@ -442,7 +443,7 @@ def _train_run(run: TrainingRun, stop: int, progress: bool, callback, on_step=No
         run.record_eval()
     run.model.train()
     bar = tqdm(
-        total=config.steps, initial=run.step, disable=not progress_shown(progress), desc=f"model {config.model}" + ("" if config.arch == "constrained" else f" ({config.arch})"), leave=False
+        total=config.steps, initial=run.step, disable=not progress_shown(progress), desc=f"model {config.model}" + ("" if config.arch == DEFAULT_FAMILY else f" ({config.arch})"), leave=False
     )
     try:
         while run.step < stop:
