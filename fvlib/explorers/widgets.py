@@ -55,15 +55,15 @@ from matplotlib.figure import Figure
 from tqdm.notebook import tqdm as notebook_tqdm
 
 from .._checks import check_int, check_number
-from ..analysis import DecaySweep
+from ..experiments.beside_theory import theory_reference
 from ..interventions import key_patching_sweep, patch_level_effect
 from ..plots.explorers import (plot_dp_policy_state, plot_layer_split_state, plot_patching_cell, plot_prior_sample,
                                plot_strategy_curves, plot_training_run)
 from ..plots.training import theory_label
 from ..priors import TreePrior
-from ..theory import PatchingResult, theory_patching_sweep
+from ..theory import DecaySweep, PatchingResult, theory_patching_sweep
 from ..training import (EVAL_SEED_OFFSET, RunDirError, TrainConfig, build_prior, checkpoint_step, evaluate, load_history,
-                        run_dir_for, theory_reference, train)
+                        run_dir_for, train)
 from .live import LiveSpec, live_block, live_enabled
 from .states import (DP_POLICY_GRID, EXPLORER_STRATEGIES, LAYER_SPLIT_GRID, dp_policy_live, dp_policy_state,
                      layer_split_live, layer_split_state, patching_live, patching_state, prior_live, prior_state,
@@ -567,7 +567,7 @@ def training_explorer(
 ) -> TrainingExplorer:
     """Model A/B/C, prior (``tree``, ``gaussian-twin``, ``gaussian``) and steps: press *Train* to
     train with a progress bar; the figure shows the evaluation loss against the matching theory
-    baseline (:func:`fvlib.training.evaluate.theory_reference`, ``reference_samples`` contexts).
+    baseline (:func:`fvlib.experiments.beside_theory.theory_reference`, ``reference_samples`` contexts).
 
     The other settings are fixed when the explorer is made: either all of them from ``base``
     (a :class:`~fvlib.training.config.TrainConfig`, e.g. one of the book's shared runs; ``model``,
