@@ -20,7 +20,7 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["squared_error", "mean_and_stderr", "relative_gap", "independent_ratio", "paired_ratio", "seed_mean"]
+__all__ = ["independent_ratio", "mean_and_stderr", "paired_ratio", "relative_gap", "seed_mean", "squared_error"]
 
 
 def squared_error(theta_hat: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:

@@ -37,7 +37,11 @@ from ..theory import (
     strategy_predictor,
 )
 from ..training import EVAL_SEED_OFFSET, TrainConfig, build_prior
-from ..training.evaluate import per_context_errors, per_context_losses, sample_eval_batches
+from ..training.evaluate import (
+    per_context_errors,
+    per_context_losses,
+    sample_eval_batches,
+)
 
 __all__ = [
     "MATCHING_BASELINE",

@@ -42,28 +42,36 @@ import torch
 
 from .._checks import check_int, check_seed
 from ..stats import seed_mean
-from ..training import (IMITATION_RECIPE, ORIGINAL_RECIPE, TrainConfig, TrainResult, recipe_for, run_dir_for, train,
-                       train_many)
+from ..training import (
+    IMITATION_RECIPE,
+    ORIGINAL_RECIPE,
+    TrainConfig,
+    TrainResult,
+    recipe_for,
+    run_dir_for,
+    train,
+    train_many,
+)
 from ..workers import worker_pool
 
 __all__ = [
+    "IMITATION_STEPS",
+    "SHARED_SEEDS",
+    "TRANSFORMER_CHAPTER",
+    "DepthSweep",
+    "depth_sweep",
+    "depth_sweep_configs",
+    "final_losses",
+    "imitation_config",
+    "learning_config",
+    "seed_configs",
+    "seed_plan",
     "shared_configs",
     "train_all",
     "train_parallel",
-    "IMITATION_STEPS",
-    "imitation_config",
-    "learning_config",
-    "TRANSFORMER_CHAPTER",
-    "transformer_chapter_configs",
-    "SHARED_SEEDS",
-    "warm_work",
-    "seed_configs",
-    "seed_plan",
     "train_seeds",
-    "final_losses",
-    "DepthSweep",
-    "depth_sweep_configs",
-    "depth_sweep",
+    "transformer_chapter_configs",
+    "warm_work",
 ]
 
 

@@ -28,17 +28,24 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..priors import TreePrior
-from .closed_forms import (best_fixed_method, best_fixed_nodes, channel_tau2, fixed_set_lower_bound,
-                           noisefree_adaptive_loss, noisefree_nodes_loss, noisefree_nonadaptive_loss)
+from .closed_forms import (
+    best_fixed_method,
+    best_fixed_nodes,
+    channel_tau2,
+    fixed_set_lower_bound,
+    noisefree_adaptive_loss,
+    noisefree_nodes_loss,
+    noisefree_nonadaptive_loss,
+)
 from .strategies import evaluate_strategies
 
 __all__ = [
-    "closed_form_curves",
-    "best_coord_curves",
-    "DecaySweep",
-    "decay_sweep",
     "AdvantageGrid",
+    "DecaySweep",
     "advantage_sweep",
+    "best_coord_curves",
+    "closed_form_curves",
+    "decay_sweep",
     "depth_sweep_theory",
 ]
 

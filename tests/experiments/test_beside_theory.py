@@ -5,22 +5,31 @@ import dataclasses
 
 import pytest
 import torch
-
 from conftest import TINY, untrained_model_a
+
 from fvlib import TreePrior
-from fvlib.experiments.beside_theory import (baseline_predictor, compare_with_theory, gap_record, gap_table,
-                                             greedy_paired)
+from fvlib.experiments.beside_theory import (
+    baseline_predictor,
+    compare_with_theory,
+    gap_record,
+    gap_table,
+    greedy_paired,
+)
 from fvlib.models import FVTransformer
 from fvlib.stats import paired_ratio
 from fvlib.training import EVAL_SEED_OFFSET, TrainConfig, train
-from fvlib.training.evaluate import model_predictor, per_context_errors, sample_eval_batches
+from fvlib.training.evaluate import (
+    model_predictor,
+    per_context_errors,
+    sample_eval_batches,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 
 def test_gap_table_rows():
-    tree, model, _ = untrained_model_a(budget=2)
+    _, model, _ = untrained_model_a(budget=2)
     config = TrainConfig(depth=3, budget=2, n_ctx=64, noise_std=0.1, steps=1)
     table = gap_table(model, config, contexts=600, seed=1)
     for row in ("adaptive_greedy", "nonadaptive_opt", "adaptive_opt", "model", "router_bayes",
@@ -44,7 +53,7 @@ def test_gap_table_rows():
 @pytest.mark.slow  # Monte Carlo over the gap table (about 20 s)
 def test_gap_table_others_share_the_contexts():
     """A second model decoded on the same contexts: its rows equal the table of that model alone."""
-    tree, model, _ = untrained_model_a(budget=2)
+    _, model, _ = untrained_model_a(budget=2)
     other = FVTransformer(model.config)
     other.load_state_dict(model.state_dict())
     gen = torch.Generator().manual_seed(5)
@@ -82,7 +91,7 @@ def test_paired_ratio():
 
 
 def test_gap_table_ratios_are_paired():
-    tree, model, _ = untrained_model_a(budget=2)
+    _, model, _ = untrained_model_a(budget=2)
     config = TrainConfig(depth=3, budget=2, n_ctx=64, noise_std=0.1, steps=1)
     table = gap_table(model, config, contexts=600, seed=1)
     best = table[table["best_paired"]][0]
@@ -157,14 +166,14 @@ def test_compare_with_theory_on_the_twin_uses_the_closed_form(trained):
 
 
 def test_greedy_paired_defaults_to_the_runs_own_evaluation_set():
-    tree, model, _ = untrained_model_a(budget=2)
+    _, model, _ = untrained_model_a(budget=2)
     config = TrainConfig(depth=3, budget=2, n_ctx=64, noise_std=0.1, steps=1, eval_contexts=200, data_seed=3)
     explicit = greedy_paired(model, config, contexts=200, seed=3 + EVAL_SEED_OFFSET)
     assert greedy_paired(model, config) == explicit
 
 
 def test_gap_record_is_the_gap_table_as_lists():
-    tree, model, _ = untrained_model_a(budget=2)
+    _, model, _ = untrained_model_a(budget=2)
     config = TrainConfig(depth=3, budget=2, n_ctx=64, noise_std=0.1, steps=1)
     table = gap_table(model, config, contexts=200, seed=1)
     record = gap_record(model, config, contexts=200, seed=1)

@@ -7,14 +7,14 @@ import dataclasses
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+import torch
+from conftest import TINY
 
-from conftest import TINY  # noqa: E402
-from fvlib import TreePrior  # noqa: E402
-from fvlib.experiments.inbuild import (  # noqa: E402
+from fvlib import TreePrior
+from fvlib.experiments.inbuild import (
     SHARED_SEEDS,
     TRANSFORMER_CHAPTER,
     DepthSweep,
@@ -31,10 +31,10 @@ from fvlib.experiments.inbuild import (  # noqa: E402
     transformer_chapter_configs,
     warm_work,
 )
-from fvlib.plots.style import STRATEGY_LABELS  # noqa: E402
-from fvlib.plots.training import plot_depth_sweep  # noqa: E402
-from fvlib.theory.sweeps import depth_sweep_theory  # noqa: E402
-from fvlib.training import ORIGINAL_RECIPE, TrainConfig, run_dir_for, train, train_many  # noqa: E402
+from fvlib.plots.style import STRATEGY_LABELS
+from fvlib.plots.training import plot_depth_sweep
+from fvlib.theory.sweeps import depth_sweep_theory
+from fvlib.training import ORIGINAL_RECIPE, TrainConfig, run_dir_for, train, train_many
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -114,8 +114,8 @@ def test_train_seeds_trains_the_own_seed_alone_and_the_others_batched(tmp_path, 
 def test_train_seeds_alone_names_the_own_seed_runs_trained_alone(tmp_path, monkeypatch):
     """Keys left out of ``alone`` train their own seed in the batched call (with the other
     seeds, one stack): the run of that call, within float rounding of the run trained alone."""
-    from fvlib.training.batched import train_many
     from fvlib.training import train
+    from fvlib.training.batched import train_many
 
     monkeypatch.setenv("FVLIB_RUN_ROOT", str(tmp_path))
     configs = {"a": TrainConfig(budget=2, **TINY_SWEEP), "b": TrainConfig(model="B", budget=2, **TINY_SWEEP)}

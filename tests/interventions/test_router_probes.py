@@ -4,11 +4,15 @@ and where each layer puts its measurement weight."""
 
 import pytest
 import torch
-
 from conftest import untrained_model_a
+
 from fvlib import TreePrior, make_generator, sample_task
-from fvlib.interventions import (measurement_profile, router_bayes_decode, router_directions,
-                                 router_policy_alignment)
+from fvlib.interventions import (
+    measurement_profile,
+    router_bayes_decode,
+    router_directions,
+    router_policy_alignment,
+)
 from fvlib.models import FVTransformer, model_config
 from fvlib.theory.adaptive_opt import FixedRows, GreedyRule
 

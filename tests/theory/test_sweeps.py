@@ -6,7 +6,11 @@ import numpy as np
 import pytest
 
 from fvlib import TreePrior
-from fvlib.theory import evaluate_strategies, noisefree_adaptive_loss, noisefree_nonadaptive_loss
+from fvlib.theory import (
+    evaluate_strategies,
+    noisefree_adaptive_loss,
+    noisefree_nonadaptive_loss,
+)
 from fvlib.theory.sweeps import closed_form_curves, decay_sweep, depth_sweep_theory
 
 
