@@ -56,7 +56,7 @@ $(STAMP): requirements.txt pyproject.toml scripts/jupyter_server_config.py
 # into errors, -n reports every broken reference, --keep-going collects all of them before
 # failing. TQDM_DISABLE=1: progress bars show live in Jupyter and Colab, not as frozen text in
 # the static pages. Three steps, the first two on both cores:
-#  1. `fvlib experiment warm` trains the runs the chapters train (fvlib.catalogue.warm_work: the
+#  1. `fvlib experiment warm` trains the runs the chapters train (fvlib.experiments.inbuild.warm_work: the
 #     shared runs, chapter 8's seeds and depth sweep, its imitation run of model A, chapter 11's
 #     transformers), two processes of one thread, the longest first. The chapters then load
 #     them: the same runs, since training is deterministic.

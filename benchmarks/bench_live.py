@@ -37,7 +37,7 @@ def measure(name: str, explorer) -> None:
 def main():
     torch.set_num_threads(1)
     os.chdir(Path(__file__).resolve().parents[1] / "book")  # the chapters' run directory
-    from fvlib.catalogue import shared_configs
+    from fvlib.experiments.inbuild import shared_configs
     from fvlib.interventions import key_patching_sweep
     from fvlib.theory import theory_patching_sweep
     from fvlib.training import TrainConfig, run_dir_for, train

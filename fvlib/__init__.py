@@ -10,7 +10,7 @@ imports only from the layers below it (``tests/test_import_layers.py`` checks th
                               prior kinds
     task                      in-context regression contexts, labels and queries
     theory                    exact posteriors, strategies, dynamic programming, closed forms, fits,
-                              the theory of key patching
+                              the theory of key patching, Monte Carlo sweeps
     hooks                     hook points, handles, activation caches, one ``hook_name`` for every
                               model; the input checks the models share
     models                    the constrained linear-attention transformer (models A, B, C)
@@ -19,14 +19,15 @@ imports only from the layers below it (``tests/test_import_layers.py`` checks th
     families                  the registry of model families (TrainConfig.arch): each family's
                               config builder, model class and what code asks of it
     training                  training (one run and many at once, vmap), run directories and
-                              checkpoints, evaluation beside theory, the imitation warm start
+                              checkpoints, evaluation, the imitation warm start
     interventions             key and state patching, the function-vector transplant, probes,
-                              attention spread: written once, read out per model family
-    catalogue, analysis, reproduce
-                              the book's runs (shared runs, seeds, the depth sweep, the runs
-                              trained ahead of the chapters) and the loops that train them; the
-                              chapters' analyses (Monte Carlo sweeps, inside trained models, the
-                              gap to the adaptive references); the CLI's reproduce command
+                              what the router measures, attention spread: written once, read out
+                              per model family
+    experiments               the book's in-build runs (shared runs, seeds, the depth sweep, the
+                              runs trained ahead of the chapters) and the loops that train them;
+                              a trained model beside the theory (matching baselines, greedy on
+                              the same contexts, the gap to the adaptive references)
+    reproduce                 the CLI's reproduce command
     store                     the book's long experiments as named, resumable jobs, stored in
                               results/NAME.json with provenance, and their verification
     plots                     the book's figures, drawn from results (they compute nothing)
@@ -47,7 +48,7 @@ from .task import TaskBatch, make_generator, sample_task  # noqa: E402
 
 # The heavier layers are imported on first use: ``fvlib.theory``, ``fvlib.models``,
 # ``fvlib.transformer``, ``fvlib.training``, ``fvlib.interventions``,
-# ``fvlib.catalogue``, ``fvlib.analysis``, ``fvlib.plots``, ``fvlib.explorers``.
+# ``fvlib.experiments``, ``fvlib.plots``, ``fvlib.explorers``.
 
 __all__ = [
     "__version__",

@@ -429,11 +429,11 @@ GAP_ROWS = ("model", "router_bayes", "adaptive_greedy_paired", "adaptive_opt_pai
 
 
 def _run_gap(args) -> dict:
-    """Chapter 8's gap table (:func:`fvlib.analysis.gap_table`) of a trained run of model A
+    """Chapter 8's gap table (:func:`fvlib.experiments.beside_theory.gap_table`) of a trained run of model A
     on the tree prior: the model, its router with the exact Bayes decoder, and greedy and the
     optimised adaptive policy on the model's own contexts; ``ratio``: the model over the
     better of the two, context by context."""
-    from .analysis import gap_table
+    from .experiments.beside_theory import gap_table
     from .training import RunDirError, load_run
 
     try:
@@ -466,9 +466,9 @@ def _run_gap(args) -> dict:
 
 
 def _run_warm(args) -> dict:
-    """The runs the chapters train (:func:`fvlib.catalogue.warm_work`), each exactly as the
+    """The runs the chapters train (:func:`fvlib.experiments.inbuild.warm_work`), each exactly as the
     chapter trains it, ``--jobs`` processes at a time."""
-    from .catalogue import train_parallel, warm_work
+    from .experiments.inbuild import train_parallel, warm_work
     from .training import run_root
 
     _writable_dir("--root", run_root(args.root))

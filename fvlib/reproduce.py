@@ -18,10 +18,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from .experiments.beside_theory import compare_with_theory
 from .interventions import key_patching_sweep
 from .priors import TreePrior
 from .theory import dp_value, greedy_value, theory_baselines, theory_patching_sweep
-from .training import TrainConfig, compare_with_theory, run_dir_for, train
+from .training import TrainConfig, run_dir_for, train
 
 __all__ = ["ReproduceConfig", "reproduce"]
 

@@ -9,16 +9,18 @@ use these two. :func:`relative_gap` compares two estimates (chapter 3: the finit
 statistic against the Gaussian channel), with the standard error of the ratio;
 :func:`independent_ratio` divides two independent estimates and :func:`paired_ratio` two
 per-context losses on the same contexts (a model against a baseline, chapter 8), counting
-their correlation.
+their correlation. :func:`seed_mean` averages the final losses of runs trained at several
+seeds (chapter 8, the stored experiments).
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
-__all__ = ["squared_error", "mean_and_stderr", "relative_gap", "independent_ratio", "paired_ratio"]
+__all__ = ["independent_ratio", "mean_and_stderr", "paired_ratio", "relative_gap", "seed_mean", "squared_error"]
 
 
 def squared_error(theta_hat: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
@@ -78,3 +80,23 @@ def paired_ratio(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     ratio = float(a.mean() / b.mean())
     residual = a - ratio * b
     return ratio, float(residual.std() / (math.sqrt(a.numel()) * b.mean()))
+
+
+def seed_mean(losses, stderrs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The mean over seeds of losses with Monte Carlo standard errors: ``(mean, stderr, spread)``.
+
+    ``losses`` and ``stderrs``: ``(S, ...)`` arrays, one row per seed (each seed's loss and the
+    Monte Carlo standard error of it). Returns three ``(...)`` arrays: the mean over the ``S``
+    seeds, the Monte Carlo standard error of that mean ``sqrt(sum_s se_s^2) / S``, and the
+    spread, the standard deviation over seeds (``ddof=1``; zeros for one seed).
+
+    Raises:
+        ValueError: ``losses`` with no seed, or ``stderrs`` of another shape.
+    """
+    losses, stderrs = np.asarray(losses, dtype=float), np.asarray(stderrs, dtype=float)
+    if losses.ndim == 0 or losses.shape[0] == 0 or stderrs.shape != losses.shape:
+        raise ValueError(f"seed_mean needs losses and stderrs of one shape (S, ...) with S >= 1, got "
+                         f"{losses.shape} and {stderrs.shape}")
+    n = losses.shape[0]
+    spread = losses.std(axis=0, ddof=1) if n > 1 else np.zeros(losses.shape[1:])
+    return losses.mean(axis=0), np.sqrt((stderrs**2).sum(axis=0)) / n, spread

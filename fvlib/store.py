@@ -63,14 +63,14 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .analysis import gap_table, greedy_paired
+from .experiments.beside_theory import MATCHING_BASELINE, gap_table, greedy_paired, theory_reference
 from .priors import TreePrior
 from .theory.fits import fit_decay
 from .theory import (OptimisedPolicy, best_fixed_nodes, channel_tau2, evaluate_strategies, noisefree_adaptive_loss,
                      noisefree_nodes_loss, optimise_adaptive_policy, optimise_directions, policy_from_state,
                      policy_state)
-from .training import (EVAL_SEED_OFFSET, IMITATION_RECIPE, MATCHING_BASELINE, RECIPE, TRANSFORMER_RECIPE, TrainConfig,
-                       curriculum_start, recipe_for, resolve_device, run_dir_for, theory_reference, train_many)
+from .training import (EVAL_SEED_OFFSET, IMITATION_RECIPE, RECIPE, TRANSFORMER_RECIPE, TrainConfig, curriculum_start,
+                       recipe_for, resolve_device, run_dir_for, train_many)
 from .training.checkpoint import load_history
 from .training.config import build_prior
 from .training.rundir import RunDirError, has_checkpoint, tensors_from_bytes, tensors_to_bytes
@@ -1402,7 +1402,7 @@ def depth_sweep_of(data: dict, variants: Sequence[str], prior: str = "tree", dro
     mix a failed run into the curve; report those budgets on their own). ``max_steps``: each
     run's loss as its last attempt of at most that many steps left it (:func:`attempt_loss`;
     how much the curve owes to the longer retrains)."""
-    from .catalogue import DepthSweep
+    from .experiments.inbuild import DepthSweep
 
     rows = {(r["variant"], r["budget"]): r for r in summarise(data) if r["prior"] == prior}
     budgets = sorted({b for (v, b) in rows if v in variants})

@@ -1,7 +1,7 @@
 """Worker processes that end when the process that started them ends, however it ends.
 
 :func:`worker_pool` is the ``multiprocessing`` pool (``spawn`` start method) of
-:func:`fvlib.catalogue.train_parallel` (``python -m fvlib warm``) and of
+:func:`fvlib.experiments.inbuild.train_parallel` (``python -m fvlib warm``) and of
 :func:`fvlib.store.run` (``python -m fvlib experiment run --jobs``):
 
 * each worker asks the kernel to kill it when its parent dies (Linux: ``prctl(PR_SET_PDEATHSIG)``

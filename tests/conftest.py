@@ -4,6 +4,8 @@ helpers: pytest puts this directory on ``sys.path``)."""
 import pytest
 import torch
 
+from fvlib import TreePrior, make_generator, sample_task
+from fvlib.models import model_a
 from fvlib.training import TrainConfig
 from fvlib.transformer import make_transformer
 
@@ -28,6 +30,16 @@ def seeded_transformer(prior, kind: str = "A", arrangement: str = "bottlenecked"
     for p in model.parameters():
         p.data.add_(0.3 * torch.randn_like(p))
     return model.eval()
+
+
+def untrained_model_a(budget: int = 3, contexts: int = 300, seed: int = 0):
+    """``(tree, model, batch)``: an untrained model A (gated router, width 16) for a tree
+    ``K = 3``, ``alpha = 0.5``, and ``contexts`` contexts of it (``N = 64``, ``sigma = 0.1``)."""
+    torch.manual_seed(seed)
+    tree = TreePrior(3, 0.5)
+    model = model_a(tree, budget, width=16)
+    batch = sample_task(tree, contexts, 64, 0.1, make_generator(seed))
+    return tree, model, batch
 
 
 def same_parameters(a: torch.nn.Module, b: torch.nn.Module) -> bool:

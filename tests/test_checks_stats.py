@@ -1,13 +1,14 @@
 """fvlib._checks (argument checks at the entry points) and fvlib.stats (squared error, mean and
-standard error)."""
+standard error, the mean over seeds)."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from fvlib._checks import check_int, check_number, is_int
-from fvlib.stats import mean_and_stderr, squared_error
+from fvlib.stats import mean_and_stderr, seed_mean, squared_error
 
 
 def test_check_int_accepts_integers_in_range():
@@ -90,3 +91,18 @@ def test_check_number_takes_numpy_and_zero_dim_tensors_but_not_bools():
     for bad in (np.bool_(True), torch.tensor(True), torch.tensor([0.5]), torch.tensor(1j)):
         with pytest.raises(ValueError, match="x must be"):
             check_number("x", bad)
+
+
+def test_seed_mean_is_the_mean_its_stderr_and_the_spread_over_seeds():
+    losses, stderrs = np.array([[1.0, 2.0], [3.0, 6.0], [2.0, 4.0]]), np.array([[0.1, 0.2], [0.2, 0.2], [0.2, 0.1]])
+    mean, stderr, spread = seed_mean(losses, stderrs)
+    np.testing.assert_allclose(mean, [2.0, 4.0])
+    np.testing.assert_allclose(stderr, [0.3 / 3, 0.3 / 3])
+    np.testing.assert_allclose(spread, [1.0, 2.0])
+    one = seed_mean(losses[:1], stderrs[:1])
+    assert one[0].tolist() == [1.0, 2.0] and one[1].tolist() == [0.1, 0.2] and one[2].tolist() == [0.0, 0.0]
+    assert [float(v) for v in seed_mean([1.0, 3.0], [0.3, 0.4])] == [2.0, 0.25, float(np.std([1.0, 3.0], ddof=1))]
+    with pytest.raises(ValueError, match="shape"):
+        seed_mean(losses, stderrs[:2])
+    with pytest.raises(ValueError, match="shape"):
+        seed_mean([], [])

@@ -1,4 +1,4 @@
-"""Decay sweeps (fvlib.analysis), fits on semilog / log-log panels and the advantage heatmap
+"""Advantage sweeps (fvlib.theory.sweeps), fits on semilog / log-log panels and the advantage heatmap
 (fvlib.plots.decay)."""
 
 import math
@@ -10,39 +10,17 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from fvlib import TreePrior  # noqa: E402
-from fvlib.analysis import advantage_sweep, closed_form_curves, decay_sweep  # noqa: E402
+from fvlib.theory.sweeps import advantage_sweep  # noqa: E402
 from fvlib.plots.decay import (  # noqa: E402
     plot_advantage_heatmap,
     plot_decay,
     plot_decay_panels,
 )
-from fvlib.theory import fit_decay, noisefree_adaptive_loss, noisefree_nonadaptive_loss  # noqa: E402
+from fvlib.theory import fit_decay  # noqa: E402
 
 
 def teardown_function():
     plt.close("all")
-
-
-def test_closed_form_curves_match_the_theory_functions():
-    tree = TreePrior(5, 0.5)
-    cf = closed_form_curves(tree, [1, 2, 3, 7])
-    assert cf["adaptive"].shape == (4,) and cf["nonadaptive"].shape == (4,)
-    assert cf["adaptive"][1] == noisefree_adaptive_loss(tree, 2)
-    assert cf["nonadaptive"][3] == noisefree_nonadaptive_loss(tree, 7)
-
-
-def test_decay_sweep_shapes_and_noise_free_limit():
-    tree = TreePrior(4, 0.5)
-    s = decay_sweep(tree, 4096, 0.0, [1, 2, 3], samples=200, seed=3)
-    assert list(s.budgets) == [1, 2, 3] and s.samples == 200 and s.n_ctx == 4096
-    for name in ("adaptive_greedy", "nonadaptive_coord"):
-        assert s.mean[name].shape == (3,) and s.stderr[name].shape == (3,)
-        assert (s.stderr[name] >= 0).all()
-    # at a long context the adaptive curve sits on its noise-free closed form
-    cf = closed_form_curves(tree, s.budgets)["adaptive"]
-    assert np.allclose(s.mean["adaptive_greedy"], cf, rtol=0.02)
-    assert math.isclose(s.tau2, tree.energy / 4096)
 
 
 def test_plot_decay_draws_points_and_fit():

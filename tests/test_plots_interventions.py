@@ -1,5 +1,5 @@
 """Patching ratios and summaries (fvlib.interventions), heatmaps and transplant panels
-(fvlib.plots.interventions), workspace projections (fvlib.analysis)."""
+(fvlib.plots.interventions), workspace projections (fvlib.interventions.probes)."""
 
 import math
 
@@ -86,7 +86,7 @@ def test_transplant_panels():
 
 def test_workspace_projections_and_probe_heatmap():
     from fvlib import make_generator, sample_task
-    from fvlib.analysis import workspace_projections
+    from fvlib.interventions.probes import workspace_projections
     from fvlib.interventions import ProbeResult
     from fvlib.plots.interventions import plot_probe_heatmap, plot_workspace_projections, prefix_index
 

@@ -1,19 +1,14 @@
-"""Theory strategies as predictors (batch -> theta_hat) and the paired evaluation of models and
-baselines on the same contexts (fvlib.theory.predictors, fvlib.training.evaluate)."""
+"""Theory strategies as predictors (batch -> theta_hat) and every predictor's errors on the same
+contexts (fvlib.theory.predictors, fvlib.training.evaluate.per_context_errors)."""
 
-import dataclasses
 
 import pytest
 import torch
 
-from conftest import TINY
 from fvlib import TreePrior
-from fvlib.stats import paired_ratio
 from fvlib.theory import (GreedyRule, channel_tau2, evaluate_strategies, optimise_directions, policy_predictor,
                           strategy_predictor)
-from fvlib.training import compare_with_theory, train
-from fvlib.training.evaluate import (baseline_predictor, model_predictor, per_context_errors,
-                                     sample_eval_batches)
+from fvlib.training.evaluate import per_context_errors, sample_eval_batches
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -56,32 +51,3 @@ def test_predictors_refuse_what_they_cannot_do():
         strategy_predictor("lmmse", TREE, 99)
     with pytest.raises(ValueError, match="at least one predictor"):
         per_context_errors({}, [])
-
-
-@pytest.fixture(scope="module")
-def trained():
-    return train(dataclasses.replace(TINY, router_warm_start=0), progress=False)
-
-
-def test_compare_with_theory_pairs_the_model_with_its_baseline(trained):
-    config = trained.config
-    out = compare_with_theory(trained.model, config, contexts=600, seed=3)
-    batches = sample_eval_batches(TreePrior(config.depth, config.alpha), config.n_ctx, config.noise_std, 600,
-                                  seed=3 + 10_000, statistic=config.statistic)
-    errors = per_context_errors({"model": model_predictor(trained.model), "theory": baseline_predictor(config, 3)},
-                                batches)
-    assert out["theory_name"] == "adaptive_greedy" and out["contexts"] == 600
-    assert out["model"] == pytest.approx(float(errors["model"].mean()), rel=1e-12)
-    assert out["theory"] == pytest.approx(float(errors["theory"].mean()), rel=1e-12)
-    assert (out["ratio"], out["ratio_stderr"]) == pytest.approx(paired_ratio(errors["model"], errors["theory"]))
-    assert out["ratio_stderr"] > 0
-
-
-def test_compare_with_theory_on_the_twin_uses_the_closed_form(trained):
-    config = dataclasses.replace(trained.config, prior="gaussian-twin")
-    out = compare_with_theory(trained.model, config, contexts=300)
-    assert out["theory_name"] == "gaussian_closed_form" and out["theory_stderr"] == 0.0
-    assert out["ratio"] == pytest.approx(out["model"] / out["theory"])
-    assert out["ratio_stderr"] == pytest.approx(out["model_stderr"] / out["theory"])
-    with pytest.raises(ValueError, match="tree prior"):
-        baseline_predictor(config)

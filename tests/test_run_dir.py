@@ -389,7 +389,7 @@ def no_work(tmp_path, monkeypatch):
         pytest.fail("the command started its work")
 
     monkeypatch.setenv("FVLIB_RESULTS_DIR", str(tmp_path / "results"))
-    for target in ("fvlib.training.train", "fvlib.catalogue.train_parallel", "fvlib.reproduce.reproduce",
+    for target in ("fvlib.training.train", "fvlib.experiments.inbuild.train_parallel", "fvlib.reproduce.reproduce",
                    "fvlib.store.run"):
         monkeypatch.setattr(target, work)
 
@@ -468,7 +468,7 @@ def alive(pids) -> set[int]:
 
 PARALLEL = """
 import sys
-from fvlib.catalogue import train_parallel
+from fvlib.experiments.inbuild import train_parallel
 from fvlib.training import TrainConfig
 config = TrainConfig(**{config})
 train_parallel([config, TrainConfig(**{{**config.to_dict(), "seed": 1}})], jobs=2, root=sys.argv[1])
@@ -487,7 +487,7 @@ def test_killed_parallel_training_leaves_no_worker(tmp_path, command, sig):
         argv = [sys.executable, "-c", PARALLEL.format(config=long.to_dict()), str(root)]
     started = 2
     if command == "warm":
-        from fvlib.catalogue import warm_work
+        from fvlib.experiments.inbuild import warm_work
 
         started = len(warm_work()[0]) + 1  # the first item's runs (one worker), one run of the second
     parent = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -8,7 +8,7 @@ import torch
 from safetensors import safe_open
 
 from conftest import TINY, same_parameters, strip_times
-from fvlib.catalogue import shared_configs
+from fvlib.experiments.inbuild import shared_configs
 from fvlib.training import (EVAL_SEED_OFFSET, ORIGINAL_RECIPE, RunDirError, TrainConfig, build_prior, evaluate,
                             load_run, run_dir_for, train, train_many)
 
@@ -257,82 +257,3 @@ def test_threads_are_set_for_the_loop_and_restored(monkeypatch):
         train_many([config], progress=False, threads=0)
 
 
-def test_train_parallel_gives_the_runs_train_gives(tmp_path):
-    """Runs trained in worker processes are bitwise the runs train gives on one thread, in
-    the run_dir_for directories; a second call loads them; bad jobs name the value."""
-    from fvlib.catalogue import train_parallel
-
-    configs = [dataclasses.replace(TINY, steps=12, seed=s, model=m) for s, m in ((0, "A"), (1, "B"))]
-    losses = train_parallel(configs, jobs=2, root=tmp_path / "par")
-    torch.set_num_threads(1)
-    for config in configs:
-        alone = train(config, out_dir=run_dir_for(config, tmp_path / "alone"), progress=False)
-        assert losses[str(run_dir_for(config, tmp_path / "par"))] == alone.final_loss
-    assert train_parallel(configs, jobs=2, root=tmp_path / "par") == losses
-    with pytest.raises(ValueError, match="jobs"):
-        train_parallel(configs, jobs=0)
-    with pytest.raises(ValueError, match="TrainConfig"):
-        train_parallel(["A"])
-    with pytest.raises(ValueError, match=r"\[\]"):
-        train_parallel([configs[0], []])
-
-
-def test_train_parallel_trains_a_batch_as_train_many_does(tmp_path):
-    """A list item is one train_many call on one thread, in the run_dir_for directories."""
-    from fvlib.catalogue import train_parallel
-
-    batch = [dataclasses.replace(TINY, steps=12, seed=s, data_seed=0) for s in (1, 2)]
-    single = dataclasses.replace(TINY, steps=12, model="B")
-    losses = train_parallel([batch, single], jobs=2, root=tmp_path / "par")
-    before = torch.get_num_threads()
-    together = train_many(batch, [run_dir_for(c, tmp_path / "many") for c in batch], progress=False, threads=1)
-    assert torch.get_num_threads() == before
-    for config, result in zip(batch, together):
-        assert losses[str(run_dir_for(config, tmp_path / "par"))] == result.final_loss
-    assert set(losses) == {str(run_dir_for(c, tmp_path / "par")) for c in [*batch, single]}
-
-
-def test_warm_work_is_what_chapter_8_trains():
-    """`python -m fvlib experiment warm` trains chapter 8's batch exactly: the seeds that
-    train_seeds batches, in their order, plus every run trained alone; no depth sweep (stored)."""
-    from fvlib.catalogue import SHARED_SEEDS, seed_plan, warm_work
-
-    work = warm_work()
-    shared = shared_configs()
-    per_key, solo, batched = seed_plan(shared, SHARED_SEEDS)
-    assert work[0] == [c for _, c in batched] and len(work[0]) == 12
-    assert solo == shared and all(c.seed in (1, 2) and c.data_seed == 0 for c in work[0])
-    assert [c.seed for c in per_key[("A", "tree")]] == [0, 1, 2]
-    alone = work[1:]
-    assert all(isinstance(c, TrainConfig) for c in alone)
-    assert set(shared.values()) <= set(alone)
-    dirs = [run_dir_for(c) for c in [*work[0], *alone]]
-    assert len(set(dirs)) == len(dirs)
-
-
-def test_chapter_run_configs_are_the_chapters_runs():
-    """The configs that `python -m fvlib warm` trains ahead are those chapters 8 and 11 train:
-    the imitation run of model A (IMITATION_RECIPE, 3000 steps) and the twelve standard
-    transformers."""
-    from fvlib.catalogue import (TRANSFORMER_CHAPTER, imitation_config, learning_config,
-                                 transformer_chapter_configs, warm_work)
-    from fvlib.training import IMITATION_RECIPE, LEARNING_RECIPE, curriculum_start
-
-    base = shared_configs()[("A", "tree")]
-    new = imitation_config(base)
-    assert new.steps == 3000 and new.warm_starts
-    assert {k: getattr(new, k) for k in IMITATION_RECIPE} == IMITATION_RECIPE
-    assert dataclasses.replace(new, steps=base.steps, **ORIGINAL_RECIPE) == base
-    # the learning-recipe run beside it: the recipe of python -m fvlib train, the same steps, no warm start
-    free = learning_config(base)
-    assert free.steps == new.steps and not free.warm_starts and free.router_warm_start == 0
-    assert {k: getattr(free, k) for k in LEARNING_RECIPE} == LEARNING_RECIPE
-    assert free.alpha_start == curriculum_start(base.alpha) and free.expected_loss
-    assert dataclasses.replace(free, **IMITATION_RECIPE, batch=base.batch, expected_loss=False,
-                               alpha_start=None) == new
-    assert free in warm_work() and new in warm_work()
-    configs = transformer_chapter_configs()
-    assert len(configs) == 6 * len(TRANSFORMER_CHAPTER["seeds"])
-    assert [c.arch for c in configs].count("transformer-open") == 2 * len(TRANSFORMER_CHAPTER["seeds"])
-    assert all(c.warmup == 0 and c.lr == 2e-3 and c.depth == 2 for c in configs)
-    assert len({run_dir_for(c) for c in configs}) == len(configs)

@@ -36,14 +36,14 @@ import numpy as np
 import torch
 
 from .._checks import check_int, check_number
-from ..analysis import decay_sweep
 from ..interventions import patching_ratio
 from ..plots.explorers import POLICY_COLORS, STRATEGY_COLORS
 from ..plots.style import MODEL_COLORS, OKABE_ITO, STRATEGY_LABELS
 from ..plots.training import theory_label
 from ..priors import GaussianPrior, TreePrior
 from ..task import make_generator
-from ..theory import dp_policy_tree, gaussian_coordinate_loss, leaf_values_at, noisefree_layered_loss, policy_value
+from ..theory import (decay_sweep, dp_policy_tree, gaussian_coordinate_loss, leaf_values_at, noisefree_layered_loss,
+                      policy_value)
 from ..training import TrainConfig
 from .live import Control, LiveSpec
 
@@ -130,7 +130,7 @@ EXPLORER_STRATEGIES = ("adaptive_greedy", "nonadaptive_coord", "lmmse")
 
 def strategy_state(depth: int, budget: int, alpha: float, n_ctx: int, noise_std: float, samples: int,
                    seed: int) -> dict:
-    """What the strategy explorer shows: :func:`fvlib.analysis.decay_sweep` of the
+    """What the strategy explorer shows: :func:`fvlib.theory.sweeps.decay_sweep` of the
     strategies ``EXPLORER_STRATEGIES`` (adaptive greedy, non-adaptive coordinates, LMMSE) on a
     depth-``depth`` tree at budgets ``1..min(budget, D)``
     (``samples`` contexts, ``seed``; the same contexts at every budget, so the curves up to a
@@ -183,7 +183,7 @@ def strategy_live(depth, budget, alpha, n_ctx, noise_std, samples, seed) -> Live
 def training_state(config: TrainConfig, history: list[dict], reference: Mapping) -> dict | None:
     """What the training explorer shows of a run: its evaluation history (``history``, as
     :func:`fvlib.training.checkpoint.load_history` returns it) beside its theory baseline (``reference``, as
-    :func:`fvlib.training.evaluate.theory_reference` returns it); ``None`` when the run has no history.
+    :func:`fvlib.experiments.beside_theory.theory_reference` returns it); ``None`` when the run has no history.
 
     Returns ``{"model", "prior", "total_steps", "eval_contexts", "steps", "loss", "stderr"
     (one entry per evaluation), "theory", "theory_stderr", "theory_name", "theory_label" (its

@@ -9,7 +9,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from .._checks import check_int, check_number
-from ..analysis import DecaySweep
+from ..theory import DecaySweep
 from ..plots.explorers import plot_strategy_curves
 from ..priors import TreePrior
 from .base import DrawFn, Explorer, check_one_of, slider

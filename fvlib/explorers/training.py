@@ -13,12 +13,13 @@ import ipywidgets as widgets
 from tqdm.notebook import tqdm as notebook_tqdm
 
 from .._checks import check_int
+from ..experiments.beside_theory import theory_reference
 from ..families import DEFAULT_FAMILY, get_family
 from ..plots.explorers import plot_training_run
 from ..plots.training import theory_label
 from ..priors import prior_kinds
 from ..training import (EVAL_SEED_OFFSET, RunDirError, TrainConfig, build_prior, checkpoint_step, evaluate, load_history,
-                        run_dir_for, theory_reference, train)
+                        run_dir_for, train)
 from .base import Explorer, slider
 from .live import LiveSpec
 from .states import training_live, training_state
@@ -267,7 +268,7 @@ def training_explorer(
 ) -> TrainingExplorer:
     """Model A/B/C, prior (``tree``, ``gaussian-twin``, ``gaussian``) and steps: press *Train* to
     train with a progress bar; the figure shows the evaluation loss against the matching theory
-    baseline (:func:`fvlib.training.evaluate.theory_reference`, ``reference_samples`` contexts).
+    baseline (:func:`fvlib.experiments.beside_theory.theory_reference`, ``reference_samples`` contexts).
 
     The other settings are fixed when the explorer is made: either all of them from ``base``
     (a :class:`~fvlib.training.config.TrainConfig`, e.g. one of the book's shared runs; ``model``,

@@ -10,9 +10,10 @@ Submodules, in layers from the bottom up; a submodule imports only from the laye
     readout
         one read-out per model family, the stream a transplant replaces and a probe reads,
         the level-by-level overlap of a prediction with a path
-    attention, patching, probes, transplant
+    attention, patching, probes, router, transplant
         attention spread; key patching and state patching (sweeps, one cell by level, ratios
-        and summaries of a heatmap); probes; the function-vector transplant
+        and summaries of a heatmap); probes and the workspace's principal components; what the
+        gated router measures, beside the theory; the function-vector transplant
 
 Every public name of the submodules is importable from ``fvlib.interventions``.
 """
@@ -39,6 +40,7 @@ from .probes import (
     probe_stream,
     probe_workspace,
     run_probes,
+    workspace_projections,
 )
 from .readout import (
     PROBE_QUERY_SEED_OFFSET,
@@ -51,6 +53,7 @@ from .readout import (
     stream_hook_name,
     workspace_hook_name,
 )
+from .router import measurement_profile, router_bayes_decode, router_directions, router_policy_alignment
 from .transplant import TransplantResult, run_transplant, transplant_stream, transplant_workspace
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -11,7 +11,8 @@ both model families (:func:`run_probes`).
 A linear probe (:func:`fit_linear_probe`, closed-form least squares with a bias on the +-1
 labels) only sees signs stored with a fixed orientation; a model may store finer levels with a
 path-dependent orientation (measuring ``-e_n`` on one branch, ``+e_n`` on the other), which an
-MLP probe (:func:`fit_mlp_probe`) still reads.
+MLP probe (:func:`fit_mlp_probe`) still reads. :func:`workspace_projections` looks at the same
+workspaces without labels: their principal components, layer by layer (chapter 9).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from functools import partial
 import torch
 
 from .._checks import check_int
-from ..hooks import HookedModel
+from ..hooks import HookedModel, hook_name
 from ..priors import TreePrior
 from ..task import make_generator, sample_task
 from ..theory import DEFAULT_CHUNK, check_tree, chunk_sizes
@@ -38,6 +39,7 @@ __all__ = [
     "run_probes",
     "probe_workspace",
     "probe_stream",
+    "workspace_projections",
 ]
 
 
@@ -201,3 +203,23 @@ probe_stream = partial(run_probes, stream=stream_hook_name)
 probe_stream.__doc__ = """Probes of the stream that the transplant replaces (the workspace, or
 the open arrangement's query stream): :func:`run_probes` with
 :func:`~fvlib.interventions.readout.stream_hook_name`."""
+
+
+def workspace_projections(model, batch, components: int = 2) -> list[dict]:
+    """Principal-component projections of the workspace ``Phi_l`` of every layer.
+
+    ``batch``: a :class:`fvlib.task.TaskBatch` with ``B`` contexts. For each layer ``l`` the
+    centred workspaces ``(B, l d)`` are projected on their top ``min(components, l d)``
+    principal directions (``torch.linalg.svd``). Returns a list of ``L`` dicts with
+    ``coords`` (``(B, c)`` numpy array) and ``explained`` (``(c,)`` fractions of variance).
+    """
+    with torch.no_grad():
+        _, cache = model.run_with_cache(batch, names_filter=hook_name("workspace", "*"))
+    out = []
+    for l in range(1, model.config.n_layers + 1):
+        phi = cache[hook_name("workspace", l)].double().cpu()
+        centred = phi - phi.mean(0)
+        _, s, vh = torch.linalg.svd(centred, full_matrices=False)
+        c = min(components, vh.shape[0])
+        out.append({"coords": (centred @ vh[:c].T).numpy(), "explained": (s[:c] ** 2 / (s**2).sum()).numpy()})
+    return out

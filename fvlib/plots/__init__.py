@@ -1,7 +1,7 @@
 """Figures for the book: one submodule per topic, matplotlib only.
 
 Every function draws results it is given (computed by the layers below: ``fvlib.theory``,
-:mod:`fvlib.interventions`, :mod:`fvlib.catalogue`, :mod:`fvlib.analysis`) on a given (or new) axes
+:mod:`fvlib.interventions`, :mod:`fvlib.experiments`) on a given (or new) axes
 or figure and returns
 what it drew, so chapters stay short and figures look the same everywhere. Nothing here trains
 a model, samples contexts or runs a Monte Carlo estimate.

@@ -1,14 +1,14 @@
 """Decay of the excess loss with depth and budget: ``alpha^L`` versus a power law (chapter 6,
 *Tree prior*).
 
-Figures of the tree-prior chapter, drawn from the results of :mod:`fvlib.analysis`
-(:func:`~fvlib.analysis.closed_form_curves`, :func:`~fvlib.analysis.best_coord_curves`,
-:func:`~fvlib.analysis.decay_sweep`, :func:`~fvlib.analysis.advantage_sweep`):
+Figures of the tree-prior chapter, drawn from the results of :mod:`fvlib.theory.sweeps`
+(:func:`~fvlib.theory.sweeps.closed_form_curves`, :func:`~fvlib.theory.sweeps.best_coord_curves`,
+:func:`~fvlib.theory.sweeps.decay_sweep`, :func:`~fvlib.theory.sweeps.advantage_sweep`):
 
 * :func:`plot_decay` and :func:`plot_decay_panels` -- points, error bars and fitted laws on
   semilog and log-log axes (a law is a straight line on one of them);
 * :func:`plot_advantage_heatmap` -- the adaptive advantage over a grid of ``alpha`` and
-  context lengths ``N`` (an :class:`fvlib.analysis.AdvantageGrid`).
+  context lengths ``N`` (an :class:`fvlib.theory.sweeps.AdvantageGrid`).
 
 Colours: the Okabe-Ito palette and the viridis colour map (both colour-blind safe).
 """
@@ -109,7 +109,7 @@ def plot_advantage_heatmap(grid, ax=None, *, annotate: bool = True, noisefree_co
     """Heatmap of an advantage (log colour scale), rows ``alpha`` and columns ``N``.
 
     ``quantity`` is ``"ratio"`` (``grid.ratio``, the default), ``"best_lower"`` or
-    ``"best_upper"`` (grids swept with ``best_coord=True``; see :class:`fvlib.analysis.AdvantageGrid`).
+    ``"best_upper"`` (grids swept with ``best_coord=True``; see :class:`fvlib.theory.sweeps.AdvantageGrid`).
     With ``noisefree_column`` a last column ``N = inf`` shows the noise-free ratio (the limit
     of each row: ``grid.noisefree_ratio``, or ``grid.noisefree_best_ratio`` for the two
     ``best_*`` quantities); by default it is shown when the grid has one. With ``annotate``

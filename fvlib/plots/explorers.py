@@ -9,7 +9,7 @@ pyplot (no global state, safe from the explorers' background threads); pass
 * :func:`plot_prior_sample` -- the tree with a sampled path beside the sampled ``theta`` and a
   draw from the Gaussian twin (chapter 2);
 * :func:`plot_strategy_curves` -- Monte Carlo losses of the adaptive greedy, non-adaptive and
-  LMMSE strategies over budgets, from a :class:`fvlib.analysis.DecaySweep` (chapter 6);
+  LMMSE strategies over budgets, from a :class:`fvlib.theory.sweeps.DecaySweep` (chapter 6);
 * :func:`plot_training_run` -- a run's evaluation loss against its theory baseline (chapter 8);
 * :func:`plot_patching_cell` -- the key-patching heatmap with one cell outlined, its row for the
   model and the theory, and what that patch does to each level of the prediction (chapter 10);
@@ -87,7 +87,7 @@ def plot_prior_sample(tree, signs, theta, twin_theta, figure=None) -> Figure:
 
 def plot_strategy_curves(sweep, tree, strategies: Sequence[str] = tuple(STRATEGY_COLORS), figure=None) -> Figure:
     """Excess loss against budget (log ``y``, error bars 2 s.e.) of ``strategies`` in a
-    :class:`fvlib.analysis.DecaySweep` of ``tree``; labels from
+    :class:`fvlib.theory.sweeps.DecaySweep` of ``tree``; labels from
     :data:`~fvlib.plots.style.STRATEGY_LABELS`, colours from :data:`STRATEGY_COLORS`. The title
     states the task (``K``, ``alpha``, ``N``, ``sigma``, ``tau^2``). Returns the figure."""
     figure = _figure(figure, (7.5, 4.0))
@@ -114,7 +114,7 @@ def plot_training_run(config, history: Sequence[Mapping], reference: Mapping, st
     Args:
         config: the run's :class:`fvlib.training.config.TrainConfig` (model, prior, depth, budget, steps).
         history: ``TrainResult.history`` so far (may be empty).
-        reference: :func:`fvlib.training.evaluate.theory_reference` of the config (``name``, ``value``;
+        reference: :func:`fvlib.experiments.beside_theory.theory_reference` of the config (``name``, ``value``;
             the legend names it as :func:`fvlib.plots.training.theory_label` does).
         status: a few words for the title (e.g. ``"training"``).
         live: evaluations on the same held-out set between the run's own (``step``,

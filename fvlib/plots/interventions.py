@@ -4,7 +4,7 @@
 They draw the results of :mod:`fvlib.interventions` and :mod:`fvlib.theory.patching` (sweeps,
 transplants, probes, and the ratios and summaries of a sweep:
 :func:`fvlib.interventions.patching.patching_ratio`,
-:func:`fvlib.interventions.patching.patching_summary`) and of :mod:`fvlib.analysis`:
+:func:`fvlib.interventions.patching.patching_summary`) and of :mod:`fvlib.interventions.probes`:
 
 * :func:`plot_patching_heatmap` and :func:`plot_patching_pair` -- the model's and the theory's
   heatmaps side by side (rows: split level ``m = 1..K``; columns: patched layer ``l = 1..L``);
@@ -14,7 +14,7 @@ transplants, probes, and the ratios and summaries of a sweep:
 
 Also the figures of the chapter on the inside of the model:
 :func:`plot_workspace_projections` (PCA of ``Phi_l`` coloured by path prefix, from
-:func:`fvlib.analysis.workspace_projections`) and :func:`plot_probe_heatmap` (probe
+:func:`fvlib.interventions.probes.workspace_projections`) and :func:`plot_probe_heatmap` (probe
 accuracy per layer and level).
 
 Colours: the viridis-like ``cividis`` map and the Okabe-Ito palette (colour-blind safe).

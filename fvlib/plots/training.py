@@ -2,9 +2,9 @@
 5, *Gaussian prior*, and 8, *Experiments*; the book's appendix *Conventions*, sections
 "Models A, B, C" and "Strategies and their names").
 
-The runs themselves come from :mod:`fvlib.catalogue` (:func:`~fvlib.catalogue.shared_configs`,
-:func:`~fvlib.catalogue.train_all`, :func:`~fvlib.catalogue.depth_sweep`,
-and the theory curves of :func:`~fvlib.analysis.depth_sweep_theory`); the figures here draw their results:
+The runs themselves come from :mod:`fvlib.experiments.inbuild` (:func:`~fvlib.experiments.inbuild.shared_configs`,
+:func:`~fvlib.experiments.inbuild.train_all`, :func:`~fvlib.experiments.inbuild.depth_sweep`,
+and the theory curves of :func:`~fvlib.theory.sweeps.depth_sweep_theory`); the figures here draw their results:
 
 * :func:`plot_covariance_heatmaps` -- posterior covariances side by side (Gaussian:
   independent of the observations; tree: not; see
@@ -14,7 +14,7 @@ and the theory curves of :func:`~fvlib.analysis.depth_sweep_theory`); the figure
 * :func:`plot_grouped_bars` -- final excess losses as grouped bars with error bars and theory
   markers;
 * :func:`plot_depth_sweep` -- model A with ``L = 1..K`` layers against model B with
-  ``d = 1..K`` channels (a :class:`fvlib.catalogue.DepthSweep`), with theory curves.
+  ``d = 1..K`` channels (a :class:`fvlib.experiments.inbuild.DepthSweep`), with theory curves.
 
 Colours: the Okabe-Ito palette (colour-blind safe), one fixed colour per model
 (:data:`fvlib.plots.style.MODEL_COLORS`).
@@ -28,6 +28,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
+from ..stats import seed_mean
 from .style import MODEL_COLORS, OKABE_ITO, STRATEGY_LABELS, VARIANT_STYLES, palette, variant_color
 
 __all__ = [
@@ -119,7 +120,7 @@ def plot_training_curves(
                 raise ValueError(f"the seeds of {label!r} were evaluated at different steps")
             losses = np.array([[h["eval_excess_loss"] for h in other] for other in hist], dtype=float)
             ses = np.array([[h.get("eval_stderr", 0.0) for h in other] for other in hist], dtype=float)
-            loss, se = losses.mean(0), np.sqrt((ses**2).sum(0)) / len(hist)
+            loss, se, _ = seed_mean(losses, ses)
             ax.errorbar(steps, loss, yerr=2 * se, fmt="o-", ms=3, capsize=2, color=color,
                         label=f"{label} (mean of {len(hist)} seeds)")
             ax.fill_between(steps, losses.min(0), losses.max(0), color=color, alpha=0.25, lw=0)

@@ -1,4 +1,5 @@
-"""The theory: exact Bayes baselines, measurement strategies, dynamic programming, closed forms.
+"""The theory: exact Bayes baselines, measurement strategies, dynamic programming, closed forms,
+and their Monte Carlo sweeps.
 
 Submodules, in layers from the bottom up; a submodule imports only from the layers below it
 (``tests/test_import_layers.py`` checks this)::
@@ -13,8 +14,10 @@ Submodules, in layers from the bottom up; a submodule imports only from the laye
         greedy, non-adaptive, LMMSE and optimised directions with their Monte Carlo losses, and the
         registry of strategies (name -> estimator, adaptive or not, what it needs);
         dynamic programming over coordinate actions (re-measuring allowed, or not)
-    predictors
-        the strategies and policies as predictors with a model's signature, batch -> theta_hat
+    predictors, sweeps
+        the strategies and policies as predictors with a model's signature, batch -> theta_hat;
+        Monte Carlo sweeps of the strategies (over budgets, over grids of alpha and N) and the
+        closed forms' curves
     baselines, patching
         the table of all baselines (strategies, closed forms, the DP optimum): the CLI's
         ``theory`` command; the theory of key patching (donor/target pairs, the sweep shared
@@ -121,5 +124,14 @@ from .strategies import (
     unregister_strategy,
 )
 from .predictors import Predictor, policy_predictor, strategy_predictor
+from .sweeps import (
+    AdvantageGrid,
+    DecaySweep,
+    advantage_sweep,
+    best_coord_curves,
+    closed_form_curves,
+    decay_sweep,
+    depth_sweep_theory,
+)
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -8,7 +8,7 @@ The modules, in layers from the bottom up; a module imports only from the layers
     rundir, config      run directories on disk (atomic checkpoints with a manifest of checksums,
                         the lock); TrainConfig, the recipes, what a config means at each step,
                         the model it builds and the name of its run directory
-    evaluate            the per-context error, evaluation sets, the theory baseline beside it
+    evaluate            the per-context error, evaluation sets, a model's evaluation on them
     checkpoint          what a checkpoint holds, written, read and resumed; load_run
     warm_start          the router of model A fitted to the greedy policy (the imitation start)
     loop                one training step and the loop of one run: train
@@ -46,7 +46,7 @@ from .config import (
     run_root,
     training_prior,
 )
-from .evaluate import MATCHING_BASELINE, compare_with_theory, evaluate, per_context_losses, theory_reference
+from .evaluate import evaluate, per_context_losses
 from .loop import (
     TrainingDiverged,
     TrainResult,
@@ -66,7 +66,7 @@ __all__ = [
     "ORIGINAL_RECIPE", "RECIPE", "RESUMABLE_FIELDS", "RUN_ROOT_ENV", "TRANSFORMER_RECIPE",
     "WARM_START_LR", "WARM_START_SEED_OFFSET", "TrainConfig", "build_model", "build_prior", "curriculum_start",
     "estimate_memory", "lr_at", "recipe_for", "resolve_device", "run_dir_for", "run_root", "training_prior",
-    "MATCHING_BASELINE", "compare_with_theory", "evaluate", "per_context_losses", "theory_reference",
+    "evaluate", "per_context_losses",
     "checkpoint_step", "load_history", "load_run", "TrainingDiverged", "TrainResult", "expected_query_loss",
     "parameter_groups", "query_loss", "sample_queries", "sample_training_batch", "set_learning_rate", "train",
     "training_step", "train_many", "RunDirError",

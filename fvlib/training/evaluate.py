@@ -1,5 +1,5 @@
-"""Evaluating a model on a fixed set of contexts, and beside its theory baseline (chapter 8,
-*Experiments*).
+"""Evaluating a model on a fixed set of contexts (chapter 8, *Experiments*); a model beside the
+theory on the same contexts is :mod:`fvlib.experiments.beside_theory`.
 
 The one per-context error of the book's training: :func:`theta_losses` scores a ``theta_hat``
 (the excess loss ``|theta_hat - theta|^2`` and the query loss ``(<theta_hat, x_q> - y_q)^2``);
@@ -16,11 +16,9 @@ import torch
 from .._checks import check_int
 from ..models import FVTransformer
 from ..priors import Prior
-from ..stats import mean_and_stderr, paired_ratio, squared_error
+from ..stats import mean_and_stderr, squared_error
 from ..task import StatisticBatch, TaskBatch, make_generator, sample_statistic_task, sample_task
-from ..theory import (channel_tau2, evaluate_strategies, gaussian_coordinate_loss, optimise_directions,
-                      strategy_predictor)
-from .config import EVAL_SEED_OFFSET, TrainConfig, build_prior
+from .config import TrainConfig
 
 __all__ = [
     "sample_eval_batches",
@@ -31,10 +29,6 @@ __all__ = [
     "evaluate",
     "model_predictor",
     "per_context_errors",
-    "MATCHING_BASELINE",
-    "theory_reference",
-    "baseline_predictor",
-    "compare_with_theory",
 ]
 
 def sample_eval_batches(prior, n_ctx, noise_std, contexts, seed, chunk=512, *,
@@ -157,78 +151,3 @@ def eval_set_key(config: TrainConfig) -> tuple:
     evaluation set)."""
     c = config
     return (c.prior, c.depth, c.alpha, c.n_ctx, c.noise_std, c.eval_contexts, c.effective_data_seed, c.input_path)
-
-
-#: The theory baseline each model is measured against (chapter 8, *Experiments*).
-MATCHING_BASELINE = {"A": "adaptive_greedy", "B": "nonadaptive_opt", "C": "lmmse"}
-
-
-def theory_reference(config: TrainConfig, samples: int = 4000, seed: int = 0, *,
-                     directions: torch.Tensor | None = None) -> dict:
-    """The theory value a model of ``config`` should be compared with.
-
-    Tree prior: model A against the adaptive greedy policy, B against optimised non-adaptive
-    directions, C against LMMSE (Monte Carlo, finite-N statistics, ``samples`` contexts drawn
-    with ``seed``). ``directions``: B's ``Q (M, D)`` (e.g. stored ones); optimised with ``seed``
-    when omitted (:func:`~fvlib.theory.strategies.optimise_directions`).
-    Gaussian priors: the closed form of measuring the ``M`` largest-variance coordinates, the
-    same for A, B and C (depth buys nothing). Returns ``{"name", "value", "stderr", "samples"}``.
-    """
-    prior = build_prior(config)
-    tau2 = channel_tau2(prior, config.n_ctx, config.noise_std)
-    if not prior.is_tree:
-        value = gaussian_coordinate_loss(torch.diagonal(prior.second_moment()), config.budget, tau2)
-        return {"name": "gaussian_closed_form", "value": value, "stderr": 0.0, "samples": 0}
-    name = MATCHING_BASELINE[config.model]
-    est = evaluate_strategies(prior, config.n_ctx, config.noise_std, config.budget, samples=samples, seed=seed,
-                              strategies=(name,), directions=directions)[name]
-    return {"name": name, "value": est.mean, "stderr": est.stderr, "samples": est.n}
-
-
-def baseline_predictor(config: TrainConfig, seed: int = 0):
-    """The matching theory baseline of a tree-prior run (:data:`MATCHING_BASELINE`) as a
-    predictor, ``batch -> theta_hat`` (:mod:`fvlib.theory.predictors`); ``nonadaptive_opt``'s
-    directions are optimised with ``seed`` (as :func:`theory_reference` does)."""
-    tree = build_prior(config)
-    if not tree.is_tree:
-        raise ValueError(f"baseline_predictor needs a tree prior (the others have a closed form), "
-                         f"got {config.prior!r}")
-    name = MATCHING_BASELINE[config.model]
-    directions = None
-    if name == "nonadaptive_opt":
-        tau2 = channel_tau2(tree, config.n_ctx, config.noise_std)
-        directions = optimise_directions(tree, config.budget, tau2, seed=seed)
-    return strategy_predictor(name, tree, config.budget, directions=directions)
-
-
-def compare_with_theory(model, config: TrainConfig, contexts: int = 4000, seed: int = 0) -> dict:
-    """A trained model's excess loss next to its matching theory baseline, **paired**: both on
-    the same ``contexts`` evaluation contexts (drawn with ``seed + EVAL_SEED_OFFSET``, those of
-    :func:`evaluate`).
-
-    Tree prior: the baseline of :data:`MATCHING_BASELINE` as a predictor
-    (:func:`baseline_predictor`) on the model's own contexts; ``ratio`` is the paired ratio of
-    the means with its standard error (:func:`fvlib.stats.paired_ratio`). Gaussian priors: the
-    closed form of :func:`theory_reference` (no Monte Carlo error), ``ratio_stderr`` the model's
-    standard error over it.
-
-    Returns ``{"model", "model_stderr", "theory", "theory_stderr", "theory_name", "ratio",
-    "ratio_stderr", "contexts"}`` with ``ratio = model / theory``.
-    """
-    check_int("contexts", contexts, 2)
-    prior = build_prior(config)
-    batches = sample_eval_batches(prior, config.n_ctx, config.noise_std, contexts, seed + EVAL_SEED_OFFSET,
-                                  statistic=config.statistic)
-    errors = per_context_losses(model, batches)[0]
-    model_mean, model_se = (float(v) for v in mean_and_stderr(errors))
-    if prior.is_tree:
-        theory_errors = per_context_errors({"theory": baseline_predictor(config, seed)}, batches)["theory"]
-        theory, theory_se = (float(v) for v in mean_and_stderr(theory_errors))
-        ratio, ratio_se = paired_ratio(errors, theory_errors)
-        name = MATCHING_BASELINE[config.model]
-    else:
-        ref = theory_reference(config)
-        name, theory, theory_se = ref["name"], ref["value"], 0.0
-        ratio, ratio_se = model_mean / theory, model_se / theory
-    return {"model": model_mean, "model_stderr": model_se, "theory": theory, "theory_stderr": theory_se,
-            "theory_name": name, "ratio": ratio, "ratio_stderr": ratio_se, "contexts": contexts}

@@ -272,8 +272,9 @@ def test_built_strategy_explorer_recomputes():
 
 
 def test_built_training_explorer_is_the_recorded_runs():
-    from fvlib.catalogue import shared_configs
-    from fvlib.training import load_history, run_dir_for, theory_reference
+    from fvlib.experiments.beside_theory import theory_reference
+    from fvlib.experiments.inbuild import shared_configs
+    from fvlib.training import load_history, run_dir_for
 
     _, data = _spec("training")
     configs = shared_configs()

@@ -1,6 +1,6 @@
-"""The book's run catalogue: which models the chapters train, with which settings and seeds,
+"""The book's in-build runs: which models the chapters train, with which settings and seeds,
 and the loops that train (or reload) them, returning :class:`~fvlib.training.loop.TrainResult`
-objects that :mod:`fvlib.analysis` and :mod:`fvlib.plots` take.
+objects that :mod:`fvlib.experiments.beside_theory` and :mod:`fvlib.plots` take.
 
 This layer sits on :mod:`fvlib.training`: a run named here is trained once into its
 :func:`fvlib.training.config.run_dir_for` directory and reloaded by every chapter that names it
@@ -27,8 +27,9 @@ Chapter 8, *Experiments*, and chapter 11, *Standard transformers*:
   beside the runs of the configs' own seed;
 * :func:`final_losses` -- the final excess losses and their standard errors of a list of runs;
 * :func:`depth_sweep_configs` and :func:`depth_sweep` -- model A with ``L = 1..K`` layers
-  against model B with ``d = 1..K`` channels (several seeds, batched), a :class:`DepthSweep`;
-  the theory curves beside it are :func:`fvlib.analysis.depth_sweep_theory`.
+  against model B with ``d = 1..K`` channels (several seeds, batched, averaged by
+  :func:`fvlib.stats.seed_mean`), a :class:`DepthSweep`; the theory curves beside it are
+  :func:`fvlib.theory.sweeps.depth_sweep_theory`.
 """
 
 from __future__ import annotations
@@ -39,29 +40,38 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from ._checks import check_int, check_seed
-from .training import (IMITATION_RECIPE, ORIGINAL_RECIPE, TrainConfig, TrainResult, recipe_for, run_dir_for, train,
-                       train_many)
-from .workers import worker_pool
+from .._checks import check_int, check_seed
+from ..stats import seed_mean
+from ..training import (
+    IMITATION_RECIPE,
+    ORIGINAL_RECIPE,
+    TrainConfig,
+    TrainResult,
+    recipe_for,
+    run_dir_for,
+    train,
+    train_many,
+)
+from ..workers import worker_pool
 
 __all__ = [
+    "IMITATION_STEPS",
+    "SHARED_SEEDS",
+    "TRANSFORMER_CHAPTER",
+    "DepthSweep",
+    "depth_sweep",
+    "depth_sweep_configs",
+    "final_losses",
+    "imitation_config",
+    "learning_config",
+    "seed_configs",
+    "seed_plan",
     "shared_configs",
     "train_all",
     "train_parallel",
-    "IMITATION_STEPS",
-    "imitation_config",
-    "learning_config",
-    "TRANSFORMER_CHAPTER",
-    "transformer_chapter_configs",
-    "SHARED_SEEDS",
-    "warm_work",
-    "seed_configs",
-    "seed_plan",
     "train_seeds",
-    "final_losses",
-    "DepthSweep",
-    "depth_sweep_configs",
-    "depth_sweep",
+    "transformer_chapter_configs",
+    "warm_work",
 ]
 
 
@@ -310,9 +320,9 @@ class DepthSweep:
 
     ``seed_loss[model]`` and ``seed_stderr[model]`` have shape ``(len(seeds), len(budgets))``:
     each seed's final excess loss and its Monte Carlo standard error (``eval_contexts``
-    contexts). ``loss[model]`` is the mean over seeds ``(len(budgets),)``, ``stderr[model]``
-    the Monte Carlo standard error of that mean, ``sqrt(sum_s se_s^2) / n_seeds``, and
-    ``spread[model]`` the standard deviation over seeds (``ddof=1``; zeros for one seed).
+    contexts). ``loss[model]``, ``stderr[model]`` and ``spread[model]`` ``(len(budgets),)`` are
+    their :func:`fvlib.stats.seed_mean`: the mean over seeds, its Monte Carlo standard error
+    and the standard deviation over seeds.
     ``configs[model]`` and ``results[model]`` list the points seed by seed, budgets within.
     """
 
@@ -375,7 +385,5 @@ def depth_sweep(
         losses = np.array([final_losses(row)[0] for row in res])
         stderrs = np.array([final_losses(row)[1] for row in res])
         out.seed_loss[model], out.seed_stderr[model] = losses, stderrs
-        out.loss[model] = losses.mean(axis=0)
-        out.stderr[model] = np.sqrt((stderrs**2).sum(axis=0)) / len(seeds)
-        out.spread[model] = losses.std(axis=0, ddof=1) if len(seeds) > 1 else np.zeros(len(out.budgets))
+        out.loss[model], out.stderr[model], out.spread[model] = seed_mean(losses, stderrs)
     return out
