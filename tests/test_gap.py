@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from fvlib import TreePrior, make_generator, sample_task
-from fvlib.cli import GAP_ROWS, main
+from fvlib.cli import main
+from fvlib.cli.dispatch import GAP_ROWS
 from fvlib.analysis import gap_table, router_bayes_decode, router_directions, router_policy_alignment
 from fvlib.theory.adaptive_opt import FixedRows, GreedyRule
 from fvlib.models import FVTransformer, model_a, model_config

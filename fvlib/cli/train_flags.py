@@ -1,0 +1,126 @@
+"""The flags of ``python -m fvlib train``, made from the fields of
+:class:`fvlib.training.TrainConfig`, and the config a command line asks for.
+
+Every field whose metadata has a ``help`` entry is a flag (:func:`config_fields`): ``--`` and its
+name with ``-`` for ``_``, typed by the field's annotation (``bool``: ``--name``/``--no-name``),
+with the metadata's help, ``choices`` and ``required``. A new training knob is one field.
+A flag not given takes the recipe's value (:func:`fvlib.training.recipe_for`, or
+:data:`fvlib.training.IMITATION_RECIPE` with ``--imitation``) or else the field's default.
+
+The values are checked once, by :class:`~fvlib.training.TrainConfig` itself: the flags only turn
+text into numbers, and a config's ``ValueError`` becomes a one-line :class:`CliError` that names
+the flag (:func:`train_config`). The flags of the command line alone (``--imitation``,
+``--no-curriculum``) are checked here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import typing
+from dataclasses import Field, fields
+
+from .argtypes import to_float, to_int
+from .limits import CliError, flag_for
+
+__all__ = ["add_config_flags", "config_fields", "config_help", "train_config"]
+
+#: argparse types by a field's annotation (``str`` fields take the text as it is).
+_CONVERTERS = {int: to_int, float: to_float}
+
+
+def config_fields() -> tuple[Field, ...]:
+    """The fields of :class:`fvlib.training.TrainConfig` that are flags of ``train``, in the
+    order of the class: those whose metadata has a ``help`` entry."""
+    from ..training import TrainConfig
+
+    return tuple(f for f in fields(TrainConfig) if "help" in f.metadata)
+
+
+def config_help(name: str) -> str | None:
+    """The help of the flag of :class:`fvlib.training.TrainConfig`'s field ``name``."""
+    return next(f.metadata["help"] for f in config_fields() if f.name == name)
+
+
+def _value_type(name: str) -> type:
+    """The type of field ``name`` of :class:`fvlib.training.TrainConfig`, ``X`` for ``X | None``."""
+    from ..training import TrainConfig
+
+    hint = typing.get_type_hints(TrainConfig)[name]
+    inner = [t for t in typing.get_args(hint) if t is not type(None)]
+    return inner[0] if inner else hint
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """Add a flag to ``parser`` for each field of :func:`config_fields`. Each defaults to
+    ``None`` (not given), so that :func:`train_config` can tell a flag given from a default."""
+    for field in config_fields():
+        flag, kind = flag_for(field.name), _value_type(field.name)
+        common = {"default": None, "help": field.metadata["help"],
+                  "required": field.metadata.get("required", False)}
+        if kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, **common)
+        else:
+            convert = _CONVERTERS[kind](flag) if kind in _CONVERTERS else None
+            parser.add_argument(flag, type=convert, choices=field.metadata.get("choices"), **common)
+
+
+def train_config(args: argparse.Namespace):
+    """The :class:`fvlib.training.TrainConfig` that the parsed ``train`` command line ``args``
+    asks for: the flags given over the recipe (over the field defaults). Raises
+    :class:`CliError` naming the flag for a bad value or flags that contradict each other."""
+    from ..training import TrainConfig
+
+    given = {f.name: getattr(args, f.name) for f in config_fields() if getattr(args, f.name) is not None}
+    _check_command_line_flags(args, given)
+    try:
+        settings = {**_recipe(args, given), **given}
+        if args.no_curriculum:
+            settings.pop("alpha_start", None)
+        if "alpha_ramp" in given and settings.get("alpha_start") is None:
+            raise CliError("--alpha-ramp needs a curriculum (--alpha-start; the tree prior's default without "
+                           "--imitation or --no-curriculum)")
+        return TrainConfig(**settings)
+    except ValueError as err:
+        raise CliError(_named_by_flag(str(err), given)) from None
+
+
+def _setting(given: dict, name: str):
+    """The value of field ``name``: given, or else the field's default."""
+    from ..training import TrainConfig
+
+    return given.get(name, TrainConfig.__dataclass_fields__[name].default)
+
+
+def _check_command_line_flags(args: argparse.Namespace, given: dict) -> None:
+    """The rules of the flags that are not fields: ``--imitation`` only for model A on the tree,
+    ``--no-curriculum`` without ``--alpha-start``."""
+    arch, model, prior = (_setting(given, name) for name in ("arch", "model", "prior"))
+    if args.imitation and (arch, model, prior) != ("constrained", "A", "tree"):
+        raise CliError(f"--imitation needs --arch constrained --model A --prior tree (the teacher is the greedy "
+                       f"policy of model A's router), got --arch {arch} --model {model} --prior {prior}")
+    if args.no_curriculum and "alpha_start" in given:
+        raise CliError(f"--no-curriculum and --alpha-start {given['alpha_start']} contradict each other")
+
+
+def _recipe(args: argparse.Namespace, given: dict) -> dict:
+    """The settings of the flags not given: :data:`fvlib.training.IMITATION_RECIPE` with
+    ``--imitation``, else :func:`fvlib.training.recipe_for` the architecture, prior and decay."""
+    from ..training import IMITATION_RECIPE, recipe_for
+
+    if args.imitation:
+        return dict(IMITATION_RECIPE)
+    return recipe_for(*(_setting(given, name) for name in ("arch", "prior", "alpha")))
+
+
+def _named_by_flag(message: str, given: dict) -> str:
+    """The first line of a config's error, the field it starts with written as its flag, and a
+    value given right after it as the command line spells it: ``warmup must be ...`` ->
+    ``--warmup must be ...``, ``inputs 'statistic' needs ...`` -> ``--inputs statistic needs ...``."""
+    message = message.splitlines()[0]
+    name, _, rest = message.partition(" ")
+    if name not in {f.name for f in config_fields()}:
+        return message
+    value = given.get(name)
+    if value is not None and rest.startswith(repr(value) + " "):
+        rest = f"{value}{rest[len(repr(value)):]}"
+    return f"{flag_for(name)} {rest}"
