@@ -16,6 +16,7 @@ the flag (:func:`train_config`). The flags of the command line alone (``--imitat
 from __future__ import annotations
 
 import argparse
+import re
 import typing
 from dataclasses import Field, fields
 
@@ -72,6 +73,7 @@ def train_config(args: argparse.Namespace):
 
     given = {f.name: getattr(args, f.name) for f in config_fields() if getattr(args, f.name) is not None}
     _check_command_line_flags(args, given)
+    settings = given
     try:
         settings = {**_recipe(args, given), **given}
         if args.no_curriculum:
@@ -81,7 +83,7 @@ def train_config(args: argparse.Namespace):
                            "--imitation or --no-curriculum)")
         return TrainConfig(**settings)
     except ValueError as err:
-        raise CliError(_named_by_flag(str(err), given)) from None
+        raise CliError(_named_by_flag(str(err), settings)) from None
 
 
 def _setting(given: dict, name: str):
@@ -112,15 +114,15 @@ def _recipe(args: argparse.Namespace, given: dict) -> dict:
     return recipe_for(*(_setting(given, name) for name in ("arch", "prior", "alpha")))
 
 
-def _named_by_flag(message: str, given: dict) -> str:
-    """The first line of a config's error, the field it starts with written as its flag, and a
-    value given right after it as the command line spells it: ``warmup must be ...`` ->
-    ``--warmup must be ...``, ``inputs 'statistic' needs ...`` -> ``--inputs statistic needs ...``."""
+def _named_by_flag(message: str, settings: dict) -> str:
+    """The first line of a config's error as the command line says it: a field named with its
+    setting (``arch 'transformer'``) becomes the flag and the value as typed (``--arch transformer``),
+    and the field it starts with becomes its flag (``warmup must be ...`` -> ``--warmup must be ...``)."""
     message = message.splitlines()[0]
-    name, _, rest = message.partition(" ")
-    if name not in {f.name for f in config_fields()}:
-        return message
-    value = given.get(name)
-    if value is not None and rest.startswith(repr(value) + " "):
-        rest = f"{value}{rest[len(repr(value)):]}"
-    return f"{flag_for(name)} {rest}"
+    names = [f.name for f in config_fields()]
+    for name in names:
+        if name in settings:
+            pattern = rf"(?<![\w-]){name} {re.escape(repr(settings[name]))}(?![\w.])"
+            message = re.sub(pattern, lambda _, name=name: f"{flag_for(name)} {settings[name]}", message)
+    first, _, rest = message.partition(" ")
+    return f"{flag_for(first)} {rest}" if first in names else message

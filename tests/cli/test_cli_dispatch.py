@@ -1,16 +1,17 @@
 """The command-line contract of the book's appendix *Conventions*, section "The command line":
-what each subcommand computes and prints (through ``python -m fvlib``, ``run_cli``, or in-process
+what each subcommand computes and prints (through ``python -m fvlib``, ``conftest.run_cli``, or in-process
 through :func:`fvlib.cli.main`)."""
 
 import json
 
 import pytest
+from conftest import run_cli
 
 THEORY = ["theory", "--prior", "tree", "--depth", "4", "--alpha", "0.5", "--n-ctx", "64", "--noise-std", "0.1", "--budget", "4"]
 KEYS = {"tau2", "adaptive_greedy", "nonadaptive_coord", "lmmse", "gaussian_twin", "noisefree_adaptive", "noisefree_nonadaptive"}
 
 
-def test_theory_json_has_exactly_the_contract_keys(run_cli):
+def test_theory_json_has_exactly_the_contract_keys():
     out = run_cli(*THEORY, "--samples", "500", "--json")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
@@ -19,7 +20,7 @@ def test_theory_json_has_exactly_the_contract_keys(run_cli):
     assert result["noisefree_adaptive"] == 0.0
 
 
-def test_theory_optional_keys(run_cli):
+def test_theory_optional_keys():
     out = run_cli("theory", "--depth", "3", "--n-ctx", "128", "--budget", "2", "--samples", "300", "--dp", "--optimised", "--stderr", "--json")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
@@ -29,7 +30,7 @@ def test_theory_optional_keys(run_cli):
     assert result["dp_optimal"] <= result["dp_no_repeat"] + 1e-9
 
 
-def test_train_then_patch_round_trip(run_cli, tmp_path):
+def test_train_then_patch_round_trip(tmp_path):
     run = tmp_path / "run"
     out = run_cli("train", "--model", "A", "--prior", "tree", "--depth", "3", "--alpha", "0.5", "--n-ctx", "32",
                   "--budget", "3", "--steps", "40", "--router-warm-start", "0", "--out", str(run), "--json",
@@ -47,7 +48,7 @@ def test_train_then_patch_round_trip(run_cli, tmp_path):
 
 
 @pytest.mark.slow  # trains six models (about 20 s)
-def test_reproduce_quick_writes_every_result_file(run_cli, tmp_path):
+def test_reproduce_quick_writes_every_result_file(tmp_path):
     out = run_cli("reproduce", "--quick", "--out", str(tmp_path), "--no-progress")
     assert out.returncode == 0, out.stderr
     for name in ("theory", "dp", "models", "patching"):
@@ -58,7 +59,7 @@ def test_reproduce_quick_writes_every_result_file(run_cli, tmp_path):
     assert all(entry["model"] > 0 and entry["contexts"] == 200 for entry in models.values())
 
 
-def test_train_uses_the_trainconfig_recipe_and_takes_overrides(run_cli, tmp_path):
+def test_train_uses_the_trainconfig_recipe_and_takes_overrides(tmp_path):
     """Without recipe flags the run has the learning recipe (fvlib.training.LEARNING_RECIPE: RECIPE,
     batch 512, expected loss; on the tree a curriculum), and a flag overrides it."""
     from fvlib.training import LEARNING_RECIPE, load_run
@@ -76,7 +77,7 @@ def test_train_uses_the_trainconfig_recipe_and_takes_overrides(run_cli, tmp_path
     assert (config.lr, config.warmup, config.queries) == (0.003, 0.0, 64)
 
 
-def test_train_transformer_defaults_are_the_transformer_recipe(run_cli, tmp_path):
+def test_train_transformer_defaults_are_the_transformer_recipe(tmp_path):
     """--arch transformer without recipe flags trains with TRANSFORMER_RECIPE (the constrained
     models' learning rate diverges there); a flag still overrides it."""
     from fvlib.training import TRANSFORMER_RECIPE, load_run, recipe_for
@@ -96,7 +97,7 @@ def test_train_transformer_defaults_are_the_transformer_recipe(run_cli, tmp_path
         recipe_for("rnn")
 
 
-def test_train_router_warm_start_flags(run_cli, tmp_path):
+def test_train_router_warm_start_flags(tmp_path):
     """The two flags set the recipe's router fields, and 0 steps turn the warm start off."""
     from fvlib.training import load_run
 
@@ -111,7 +112,7 @@ def test_train_router_warm_start_flags(run_cli, tmp_path):
     assert not load_run(tmp_path / "b")[1].warm_starts
 
 
-def test_train_has_no_teacher_by_default_and_short_runs_train_their_steps(run_cli, tmp_path, monkeypatch):
+def test_train_has_no_teacher_by_default_and_short_runs_train_their_steps(tmp_path, monkeypatch):
     """`train` with its defaults has no teacher: a K = 3 model A on the tree with --steps 40
     fits no warm start and takes exactly 40 optimiser steps. --imitation turns on the
     imitation warm start (IMITATION_RECIPE's 600 regression steps, here spied on, not run),

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 from fvlib import cli
 from fvlib.cli import dispatch, limits
@@ -182,7 +183,7 @@ def test_json_never_holds_a_bare_nan(capsys, tmp_path):
         (["--depth", "3", "--noise-std", "-0.5"], "-0.5"),
     ],
 )
-def test_bad_input_is_one_line_without_traceback(run_cli, args, needle):
+def test_bad_input_is_one_line_without_traceback(args, needle):
     base = {"--depth": "3", "--n-ctx": "16", "--budget": "2"}
     for flag, value in zip(args[::2], args[1::2]):
         base[flag] = value
@@ -195,7 +196,7 @@ def test_bad_input_is_one_line_without_traceback(run_cli, args, needle):
 
 
 @pytest.mark.parametrize("damage", ["missing", "corrupt-weights", "corrupt-config"])
-def test_patch_with_a_bad_run_directory_is_one_line(run_cli, tmp_path, damage):
+def test_patch_with_a_bad_run_directory_is_one_line(tmp_path, damage):
     run = tmp_path / "run"
     if damage != "missing":
         out = run_cli("train", "--model", "C", "--depth", "2", "--n-ctx", "8", "--budget", "2", "--steps", "5",
@@ -211,7 +212,7 @@ def test_patch_with_a_bad_run_directory_is_one_line(run_cli, tmp_path, damage):
 
 @pytest.mark.parametrize("args", [["--model", "B"], ["--model", "A", "--prior", "gaussian-twin"],
                                   ["--model", "A", "--arch", "transformer"]])
-def test_train_imitation_elsewhere_than_model_a_on_the_tree_is_one_line(run_cli, tmp_path, args):
+def test_train_imitation_elsewhere_than_model_a_on_the_tree_is_one_line(tmp_path, args):
     out = run_cli("train", *args, "--imitation", "--depth", "2", "--n-ctx", "8", "--budget", "2", "--steps", "5",
                   "--out", str(tmp_path / "r"), "--no-progress")
     assert out.returncode == 2
@@ -222,7 +223,7 @@ def test_train_imitation_elsewhere_than_model_a_on_the_tree_is_one_line(run_cli,
 
 @pytest.mark.parametrize("flag, value", [("--router-warm-start", "-1"), ("--router-warm-start", "x"),
                                          ("--router-lr-scale", "0"), ("--router-lr-scale", "2")])
-def test_train_bad_router_flags_are_one_line(run_cli, tmp_path, flag, value):
+def test_train_bad_router_flags_are_one_line(tmp_path, flag, value):
     out = run_cli("train", "--model", "A", "--depth", "2", "--n-ctx", "8", "--budget", "2", "--steps", "5",
                   flag, value, "--out", str(tmp_path / "r"), "--no-progress")
     assert out.returncode == 2
@@ -231,7 +232,7 @@ def test_train_bad_router_flags_are_one_line(run_cli, tmp_path, flag, value):
 
 
 @pytest.mark.parametrize("value", ["1", "1.5", "-0.1", "x"])
-def test_train_bad_warmup_is_one_line(run_cli, tmp_path, value):
+def test_train_bad_warmup_is_one_line(tmp_path, value):
     out = run_cli("train", "--model", "C", "--depth", "2", "--n-ctx", "8", "--budget", "2", "--steps", "5",
                   "--warmup", value, "--out", str(tmp_path / "r"), "--no-progress")
     assert out.returncode == 2
@@ -239,7 +240,7 @@ def test_train_bad_warmup_is_one_line(run_cli, tmp_path, value):
     assert len(lines) == 1 and "Traceback" not in out.stderr and "warmup" in lines[0]
 
 
-def test_warm_bad_jobs_is_one_line(run_cli, tmp_path):
+def test_warm_bad_jobs_is_one_line(tmp_path):
     out = run_cli("warm", "--jobs", "0", "--root", str(tmp_path))
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and "--jobs" in out.stderr

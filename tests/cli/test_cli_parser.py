@@ -10,6 +10,7 @@ import sys
 import typing
 
 import pytest
+from conftest import run_cli
 
 from fvlib.cli import build_parser, main
 from fvlib.cli.limits import flag_for
@@ -92,7 +93,7 @@ def test_a_bad_train_value_is_refused_by_the_config_in_one_line_naming_the_flag(
     assert not (tmp_path / "run").exists()
 
 
-def test_usage_names_the_command_the_user_typed(run_cli):
+def test_usage_names_the_command_the_user_typed():
     """`fvlib --help` (the console script) says fvlib, `python -m fvlib --help` says that."""
     from pathlib import Path
 
