@@ -20,20 +20,19 @@ import re
 import typing
 from dataclasses import Field, fields
 
+from ..training import IMITATION_RECIPE, TrainConfig, recipe_for
 from .argtypes import to_float, to_int
 from .limits import CliError, flag_for
 
 __all__ = ["add_config_flags", "config_fields", "config_help", "train_config"]
 
-#: argparse types by a field's annotation (``str`` fields take the text as it is).
-_CONVERTERS = {int: to_int, float: to_float}
+#: The argparse type of a flag, by its field's annotation: ``converter(flag)``.
+_CONVERTERS = {int: to_int, float: to_float, str: lambda flag: str}
 
 
 def config_fields() -> tuple[Field, ...]:
     """The fields of :class:`fvlib.training.TrainConfig` that are flags of ``train``, in the
     order of the class: those whose metadata has a ``help`` entry."""
-    from ..training import TrainConfig
-
     return tuple(f for f in fields(TrainConfig) if "help" in f.metadata)
 
 
@@ -44,8 +43,6 @@ def config_help(name: str) -> str | None:
 
 def _value_type(name: str) -> type:
     """The type of field ``name`` of :class:`fvlib.training.TrainConfig`, ``X`` for ``X | None``."""
-    from ..training import TrainConfig
-
     hint = typing.get_type_hints(TrainConfig)[name]
     inner = [t for t in typing.get_args(hint) if t is not type(None)]
     return inner[0] if inner else hint
@@ -60,36 +57,41 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
                   "required": field.metadata.get("required", False)}
         if kind is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, **common)
+        elif kind in _CONVERTERS:
+            parser.add_argument(flag, type=_CONVERTERS[kind](flag), choices=field.metadata.get("choices"), **common)
         else:
-            convert = _CONVERTERS[kind](flag) if kind in _CONVERTERS else None
-            parser.add_argument(flag, type=convert, choices=field.metadata.get("choices"), **common)
+            raise ValueError(f"TrainConfig field {field.name!r} is of type {kind!r}, which no flag reads "
+                             f"(int, float, str, bool); its metadata must have no 'help'")
 
 
-def train_config(args: argparse.Namespace):
+def train_config(args: argparse.Namespace) -> TrainConfig:
     """The :class:`fvlib.training.TrainConfig` that the parsed ``train`` command line ``args``
     asks for: the flags given over the recipe (over the field defaults). Raises
     :class:`CliError` naming the flag for a bad value or flags that contradict each other."""
-    from ..training import TrainConfig
-
     given = {f.name: getattr(args, f.name) for f in config_fields() if getattr(args, f.name) is not None}
     _check_command_line_flags(args, given)
     settings = given
     try:
-        settings = {**_recipe(args, given), **given}
-        if args.no_curriculum:
-            settings.pop("alpha_start", None)
-        if "alpha_ramp" in given and settings.get("alpha_start") is None:
-            raise CliError("--alpha-ramp needs a curriculum (--alpha-start; the tree prior's default without "
-                           "--imitation or --no-curriculum)")
+        settings = _settings(args, given)
         return TrainConfig(**settings)
     except ValueError as err:
         raise CliError(_named_by_flag(str(err), settings)) from None
 
 
+def _settings(args: argparse.Namespace, given: dict) -> dict:
+    """The config's fields that differ from its defaults: the recipe (:func:`_recipe`, without
+    its curriculum under ``--no-curriculum``), and over it the flags ``given``."""
+    settings = {**_recipe(args, given), **given}
+    if args.no_curriculum:
+        settings.pop("alpha_start", None)
+    if "alpha_ramp" in given and settings.get("alpha_start") is None:
+        raise CliError("--alpha-ramp needs a curriculum (--alpha-start; the tree prior's default without "
+                       "--imitation or --no-curriculum)")
+    return settings
+
+
 def _setting(given: dict, name: str):
     """The value of field ``name``: given, or else the field's default."""
-    from ..training import TrainConfig
-
     return given.get(name, TrainConfig.__dataclass_fields__[name].default)
 
 
@@ -107,8 +109,6 @@ def _check_command_line_flags(args: argparse.Namespace, given: dict) -> None:
 def _recipe(args: argparse.Namespace, given: dict) -> dict:
     """The settings of the flags not given: :data:`fvlib.training.IMITATION_RECIPE` with
     ``--imitation``, else :func:`fvlib.training.recipe_for` the architecture, prior and decay."""
-    from ..training import IMITATION_RECIPE, recipe_for
-
     if args.imitation:
         return dict(IMITATION_RECIPE)
     return recipe_for(*(_setting(given, name) for name in ("arch", "prior", "alpha")))
