@@ -1,7 +1,9 @@
 """The subcommands of the command line: one function each, from the parsed arguments to the
 result that :func:`fvlib.cli.main` prints (a dict: one JSON object with ``--json``, else one
 ``key  value`` line per entry). Each refuses bad input (:class:`CliError`, one line) before any
-work, and imports the layers it drives when it runs.
+work. The book's experiments (:mod:`fvlib.store`, :mod:`fvlib.catalogue`, :mod:`fvlib.analysis`,
+:mod:`fvlib.reproduce`) are called through their modules; the computing layers (theory,
+training, interventions) are imported when a subcommand runs.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import json
 import math
 
+from .. import analysis, catalogue, store
+from .. import reproduce as headline
 from .limits import CliError, check_theory_args, check_train_memory, check_writable_dir
 from .train_flags import train_config
 
@@ -98,13 +102,12 @@ def gap(args) -> dict:
     on the tree prior: the model, its router with the exact Bayes decoder, and greedy and the
     optimised adaptive policy on the model's own contexts; ``ratio``: the model over the
     better of the two, context by context."""
-    from ..analysis import gap_table
 
     model, config = _load_run(args.run)
     if (config.arch, config.model, config.prior) != ("constrained", "A", "tree"):
         raise CliError(f"gap needs a run of model A (--arch constrained) on the tree prior; {args.run} is "
                        f"model {config.model} (--arch {config.arch}) on the {config.prior} prior")
-    table = gap_table(model, config, contexts=args.contexts, seed=args.seed)
+    table = analysis.gap_table(model, config, contexts=args.contexts, seed=args.seed)
     return _gap_json(table, args) if args.json else _gap_lines(table, args)
 
 
@@ -134,11 +137,10 @@ def _gap_lines(table: dict, args) -> dict:
 def warm(args) -> dict:
     """The runs the chapters train (:func:`fvlib.catalogue.warm_work`), each exactly as the
     chapter trains it, ``--jobs`` processes at a time."""
-    from ..catalogue import train_parallel, warm_work
     from ..training import run_root
 
     check_writable_dir("--root", run_root(args.root))
-    return {"runs": train_parallel(warm_work(), jobs=args.jobs, root=args.root)}
+    return {"runs": catalogue.train_parallel(catalogue.warm_work(), jobs=args.jobs, root=args.root)}
 
 
 def patch(args) -> dict:
@@ -175,47 +177,43 @@ def patch(args) -> dict:
 
 def reproduce(args) -> dict:
     """The book's headline results as JSON files in ``--out`` (:func:`fvlib.reproduce.reproduce`)."""
-    from ..reproduce import reproduce as reproduce_all
 
     check_writable_dir("--out", args.out)
-    return reproduce_all(args.out, quick=args.quick, seed=args.seed, progress=not args.no_progress)
+    return headline.reproduce(args.out, quick=args.quick, seed=args.seed, progress=not args.no_progress)
 
 
 def _experiment_name(name: str) -> str:
-    from ..store import experiment_names
 
-    if name not in experiment_names():
-        raise CliError(f"unknown experiment {name!r}; choose from {', '.join(experiment_names())}")
+    if name not in store.experiment_names():
+        raise CliError(f"unknown experiment {name!r}; choose from {', '.join(store.experiment_names())}")
     return name
 
 
 def _stored(name: str) -> tuple[dict, float]:
     """The runs stored in ``results/NAME.json`` and the CPU seconds they took (none if unreadable)."""
-    from ..store import provenance_summary, result_path
 
-    path = result_path(name)
+    path = store.result_path(name)
     if not path.is_file():
         return {}, 0.0
     try:
         data = json.loads(path.read_text())
-        return data.get("runs", {}), provenance_summary(data).get("cpu_seconds", 0.0)
+        return data.get("runs", {}), store.provenance_summary(data).get("cpu_seconds", 0.0)
     except (OSError, ValueError, KeyError, TypeError):
         return {}, 0.0
 
 
 def experiment_list(args) -> dict:
     """Every named experiment of :mod:`fvlib.store`: its size, its stored runs and its cost."""
-    from ..store import EXPERIMENTS, estimate_seconds
 
     out = {}
-    for name, e in EXPERIMENTS.items():
+    for name, e in store.EXPERIMENTS.items():
         runs, spent = _stored(name)
         left = [r for r in e.runs if r.key not in runs]
         out[name] = {"description": e.description, "chapter": e.chapter, "runs": len(e.runs),
                      "stored_runs": len(e.runs) - len(left), "work_items": len(e.items),
-                     "estimated_cpu_minutes": round(sum(estimate_seconds(r.config) for r in e.runs) / 60, 1),
+                     "estimated_cpu_minutes": round(sum(store.estimate_seconds(r.config) for r in e.runs) / 60, 1),
                      "stored_cpu_minutes": round(spent / 60, 1),
-                     "remaining_cpu_minutes": round(sum(estimate_seconds(r.config) for r in left) / 60, 1),
+                     "remaining_cpu_minutes": round(sum(store.estimate_seconds(r.config) for r in left) / 60, 1),
                      "max_doublings": e.max_doublings}
     if args.json:
         return {"experiments": out}
@@ -228,26 +226,24 @@ def experiment_list(args) -> dict:
 
 def experiment_run(args) -> dict:
     """Train an experiment's missing runs into ``results/NAME.json`` (:func:`fvlib.store.run`)."""
-    from ..store import run, summarise
     from ..training import run_root
 
     name = _experiment_name(args.name)
     check_writable_dir("--root", run_root(args.root))
-    data = run(name, device=args.device, jobs=args.jobs, root=args.root,
-               progress=not args.no_progress, max_items=args.max_items, refresh_theory=args.refresh_theory)
+    data = store.run(name, device=args.device, jobs=args.jobs, root=args.root,
+                     progress=not args.no_progress, max_items=args.max_items, refresh_theory=args.refresh_theory)
     return {"experiment": args.name, "stored_runs": len(data["runs"]), "planned_runs": len(data["planned_runs"]),
             "not_converged": sum(not r["converged"] for r in data["runs"].values()),
-            **({"summary": summarise(data)} if args.json else {})}
+            **({"summary": store.summarise(data)} if args.json else {})}
 
 
 def experiment_verify(args) -> dict:
     """Retrain and re-evaluate an experiment against its stored results (:func:`fvlib.store.verify`);
     a result that does not reproduce is a one-line error."""
-    from ..store import verify
 
     if args.runs != 1 and not args.full:
         raise CliError(f"--runs {args.runs} needs --full (the quick check retrains one prefix per model family)")
-    result = verify(_experiment_name(args.name), runs=args.runs, theory=not args.no_theory, full=args.full)
+    result = store.verify(_experiment_name(args.name), runs=args.runs, theory=not args.no_theory, full=args.full)
     if not result["ok"]:
         raise CliError(f"experiment {args.name} does not reproduce: {'; '.join(_verify_failures(result, args.name))}")
     if args.json:
@@ -280,23 +276,16 @@ def _verify_failures(result: dict, name: str) -> list[str]:
 
 def experiment_show(args) -> dict:
     """The stored summary and provenance of an experiment."""
-    from ..store import (
-        get_experiment,
-        load_result,
-        provenance_summary,
-        runs_to_double,
-        summarise,
-    )
 
-    data = load_result(_experiment_name(args.name))
+    data = store.load_result(_experiment_name(args.name))
     out = {"experiment": args.name, "description": data["description"], "stored_runs": len(data["runs"]),
            "planned_runs": len(data["planned_runs"]),
            # runs still falling that the definition allows to double again (`experiment run`)
-           "runs_to_double": len(runs_to_double(data, get_experiment(args.name))),
-           "provenance": provenance_summary(data)}
+           "runs_to_double": len(store.runs_to_double(data, store.get_experiment(args.name))),
+           "provenance": store.provenance_summary(data)}
     if args.json:
-        return {**out, "summary": summarise(data), "theory": data["theory"]}
-    for row in summarise(data):
+        return {**out, "summary": store.summarise(data), "theory": data["theory"]}
+    for row in store.summarise(data):
         ratio = f", x{row['ratio_mean']:.2f} greedy" if "ratio_mean" in row else ""
         out[f"{row['variant']} {row['prior']} M={row['budget']}"] = (
             f"{row['mean']:.4g} +- {row['stderr']:.2g} (seeds {row['seeds']}, spread {row['spread']:.2g}, "
