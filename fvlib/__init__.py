@@ -34,7 +34,8 @@ imports only from the layers below it (``tests/test_import_layers.py`` checks th
     explorers                 the explorers: their states and the grids of control values
                               embedded in the static book (no widget library), and the
                               interactive explorers (ipywidgets)
-    cli, course               the command line; the checks of the course's problem sets
+    cli, course               the command line (its train flags are TrainConfig's fields); the
+                              checks of the course's problem sets
     __main__                  ``python -m fvlib``
 
 The conventions the code relies on (tree indexing, the channel and ``tau^2``, models A/B/C,

@@ -1,6 +1,9 @@
 """Fixtures and helpers shared by several test modules (``from conftest import ...`` for the
 helpers: pytest puts this directory on ``sys.path``)."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -13,6 +16,14 @@ from fvlib.transformer import make_transformer
 #: imitation warm start, evaluations every 10 steps and checkpoints every 15.
 TINY = TrainConfig(model="A", depth=3, n_ctx=32, budget=3, steps=40, batch=32, queries=8, width=16,
                    router_warm_start=20, eval_every=10, eval_contexts=64, checkpoint_every=15, device="cpu")
+
+
+def run_cli(*args) -> subprocess.CompletedProcess:
+    """``python -m fvlib ARGS`` in a fresh process: its exit status, stdout and stderr (text)."""
+    # the limit only catches a hang: far above the slowest call here (reproduce --quick, about
+    # 20 s on a loaded 2-core machine)
+    return subprocess.run([sys.executable, "-m", "fvlib", *args], check=False, capture_output=True, text=True,
+                          timeout=900)
 
 
 def strip_times(history: list[dict]) -> list[dict]:

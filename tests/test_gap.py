@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from fvlib.cli import GAP_ROWS, main
+from fvlib.cli import main
+from fvlib.cli.dispatch import GAP_ROWS
 from fvlib.experiments.beside_theory import gap_table
 from fvlib.training import TrainConfig, load_run, train
 

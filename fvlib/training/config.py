@@ -2,7 +2,8 @@
 step (learning rate, training prior), the model and prior it builds, and its run directory's
 name (chapter 8, *Experiments*; the book's appendix *Conventions*, section "Models A, B, C").
 
-A new training knob is one field of :class:`TrainConfig` (with its check in ``__post_init__``)
+A new training knob is one field of :class:`TrainConfig` (with its check in ``__post_init__``,
+and its ``help`` in the field's metadata to make it a flag of ``python -m fvlib train``)
 and, when runs were saved before it existed, one row of :data:`ADDED_FIELDS`: the value that
 changes nothing. Saved configs that lack the field read it at that value, and
 :func:`run_dir_for` leaves the field out of a run's name at that value, so every earlier run
@@ -16,7 +17,7 @@ import json
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -24,7 +25,7 @@ import torch
 from .._checks import check_budget, check_int, check_number, check_seed
 from ..families import DEFAULT_FAMILY, family_names, family_of_config, get_family
 from ..models import FVTransformer, ModelConfig
-from ..priors import Prior, get_prior_kind, make_prior
+from ..priors import Prior, get_prior_kind, make_prior, prior_kinds
 from ..task import check_task_args
 from ..transformer import StandardTransformer, TransformerConfig
 
@@ -164,9 +165,19 @@ def recipe_for(arch: str, prior: str = "tree", alpha: float = 0.5) -> dict:
 # ----------------------------------------------------------------------------------------
 # The config
 # ----------------------------------------------------------------------------------------
+
+def model_letters() -> tuple[str, ...]:
+    """The model letters of every registered family (``A``, ``B``, ``C``), in registration order."""
+    return tuple(dict.fromkeys(m for name in family_names() for m in get_family(name).models))
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything that defines a training run (JSON-serialisable).
+
+    A field whose metadata has a ``help`` entry is a flag of ``python -m fvlib train``
+    (:mod:`fvlib.cli`): ``--`` and its name with ``-`` for ``_``, typed by its annotation, with
+    that help (``None``: none shown), the metadata's ``choices`` and, with ``required``, given on
+    every command line; a flag not given takes the field's default or the recipe's value.
 
     Attributes:
         model: ``'A'``, ``'B'`` or ``'C'`` (see :mod:`fvlib.models`).
@@ -230,33 +241,54 @@ class TrainConfig:
             ``'tokens'``.
     """
 
-    model: str = "A"
-    prior: str = "tree"
-    depth: int = 6
-    alpha: float = 0.5
-    n_ctx: int = 128
-    noise_std: float = 0.0
-    budget: int = 6
-    steps: int = 3000
-    batch: int = 256
-    lr: float = RECIPE["lr"]
-    warmup: float = RECIPE["warmup"]
-    queries: int = RECIPE["queries"]
-    expected_loss: bool = False
-    alpha_start: float | None = None
-    alpha_ramp: float = 0.6
-    width: int = RECIPE["width"]
+    model: str = field(default="A", metadata={"help": None, "required": True, "choices": model_letters})
+    prior: str = field(default="tree", metadata={"help": None, "choices": prior_kinds})
+    depth: int = field(default=6, metadata={"help": "tree depth K (D = 2^K - 1)", "required": True})
+    alpha: float = field(default=0.5, metadata={"help": None})
+    n_ctx: int = field(default=128, metadata={"help": "context length N", "required": True})
+    noise_std: float = field(default=0.0, metadata={"help": "label noise sigma"})
+    budget: int = field(default=6, metadata={"help": "measurement budget M, in [1, D]", "required": True})
+    steps: int = field(default=3000, metadata={"help": None, "required": True})
+    batch: int = field(default=256, metadata={
+        "help": "contexts per step (default 512; transformers 64; 256 with --imitation)"})
+    lr: float = field(default=RECIPE["lr"], metadata={"help": "peak learning rate (default 1e-2; transformers 2e-3)"})
+    warmup: float = field(default=RECIPE["warmup"], metadata={
+        "help": "fraction of --steps spent warming up the learning rate, in [0, 1)"})
+    queries: int = field(default=RECIPE["queries"], metadata={
+        "help": "query tokens per training context (default 256; transformers 64)"})
+    expected_loss: bool = field(default=False, metadata={
+        "help": "constrained models: train on the query loss's expectation over the query token, "
+                "|theta_hat - theta|^2 + sigma^2 (infinitely many query tokens; --queries unused); "
+                "the default for constrained models without --imitation; --no-expected-loss: "
+                "sampled query tokens"})
+    alpha_start: float | None = field(default=None, metadata={
+        "help": "tree prior: a curriculum over the decay, from this alpha at step 0 to --alpha "
+                "(default for constrained models without --imitation: alpha + 0.4 (1 - alpha), "
+                "fvlib.training.curriculum_start)"})
+    alpha_ramp: float = field(default=0.6, metadata={
+        "help": "with a curriculum: the fraction of --steps over which alpha moves (default 0.6)"})
+    width: int = field(default=RECIPE["width"], metadata={
+        "help": "MLP width, d_model for transformers (default 256; transformers 32)"})
     hidden_layers: int = 2
-    router_warm_start: int = RECIPE["router_warm_start"]
-    router_lr_scale: float = RECIPE["router_lr_scale"]
-    seed: int = 0
+    router_warm_start: int = field(default=RECIPE["router_warm_start"], metadata={
+        "help": "model A on the tree prior: steps fitting its router to the greedy policy "
+                "before training (default 0: none; 600 with --imitation)"})
+    router_lr_scale: float = field(default=RECIPE["router_lr_scale"], metadata={
+        "help": "a warm-started router's learning rate as a fraction of --lr (default 0.1)"})
+    seed: int = field(default=0, metadata={"help": None})
     data_seed: int | None = None
     eval_every: int = 250
     eval_contexts: int = 2048
     checkpoint_every: int = 500
-    device: str = "auto"
-    arch: str = "constrained"
-    inputs: str = "auto"
+    device: str = field(default="auto", metadata={"help": "auto (CUDA when available), cpu, cuda, ..."})
+    arch: str = field(default="constrained", metadata={
+        "help": "constrained (models A, B, C), transformer (bottlenecked; A', B'), transformer-open",
+        "choices": family_names})
+    inputs: str = field(default="auto", metadata={
+        "help": "what each step draws and the model reads: statistic (each context's pooled statistic, "
+                "drawn exactly without its tokens: a longer context costs nothing), tokens (every "
+                "token), auto (statistic for constrained models, tokens for transformers)",
+        "choices": ("auto", *sorted(INPUT_PATHS))})
 
     def __post_init__(self):
         family = get_family(self.arch)

@@ -2,17 +2,20 @@
 traceback, and before any expensive work (the book's appendix *Conventions*, section "The
 command line"). The CLI runs in-process through :func:`fvlib.cli.main`; the functions that do the
 work are replaced by ones that fail the test if they are reached, and the machine's memory is
-fixed at 16 GB so that the size checks answer the same on every machine."""
+fixed at 16 GB so that the size checks answer the same on every machine. The last tests run
+``python -m fvlib`` itself (``run_cli``)."""
 
 import json
 import re
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 from fvlib import cli
+from fvlib.cli import dispatch, limits
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MEMORY = 16e9
 
 
@@ -27,7 +30,7 @@ def guarded(monkeypatch):
     import fvlib.theory
     import fvlib.training
 
-    monkeypatch.setattr(cli, "_memory_limit", lambda device=None: MEMORY)
+    monkeypatch.setattr(limits, "memory_limit", lambda device=None: MEMORY)
     for module, name in ((fvlib.theory, "theory_baselines"), (fvlib.training, "train"),
                          (fvlib.training, "load_run"), (fvlib.interventions, "key_patching_sweep")):
         monkeypatch.setattr(module, name, _never)
@@ -106,14 +109,14 @@ def test_seeds_and_budgets_at_the_edges_of_the_rules_run(monkeypatch, capsys):
 
     reached = []
     monkeypatch.setattr(fvlib.theory, "theory_baselines", lambda *a, **kw: reached.append(kw["seed"]) or
-                        {k: 0.0 for k in cli.THEORY_KEYS})
+                        {k: 0.0 for k in dispatch.THEORY_KEYS})
     assert cli.main(_with(THEORY, "--seed", "4294967295", "--budget", "7")) == 0
     assert reached == [4294967295]
 
 
 def _documented_theory_usages():
     """Every ``python -m fvlib theory ...`` command of the README and the book's pages (not the
-    templates such as ``--depth K``), and those of ``tests/test_cli.py``, as argument lists."""
+    templates such as ``--depth K``), and those of ``tests/cli/test_cli_dispatch.py``, as argument lists."""
     usages = []
     for path in [ROOT / "README.md", *sorted((ROOT / "book").glob("*.md"))]:
         text = path.read_text().replace("\\\n", " ")
@@ -132,7 +135,7 @@ def _documented_theory_usages():
 @pytest.mark.parametrize("argv", _documented_theory_usages(), ids=" ".join)
 def test_documented_theory_usages_are_within_the_limits(argv):
     args = cli.build_parser().parse_args(argv)
-    cli._check_theory_cost(args)  # raises CliError when over a limit
+    limits.check_theory_cost(args)  # raises CliError when over a limit
 
 
 def test_documented_train_usages_fit_in_16_gb():
@@ -165,3 +168,81 @@ def test_json_never_holds_a_bare_nan(capsys, tmp_path):
     assert cli.main(["patch", "--run", str(run), "--contexts", "1", "--json"]) == 0
     out = strict(capsys.readouterr().out)
     assert out["stderr"] == [[None], [None]] and all(v is not None for row in out["loss"] for v in row)
+
+
+# ----- through python -m fvlib -----------------------------------------------------------
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--depth", "-1"], "-1"),
+        (["--depth", "3", "--alpha", "1.5"], "1.5"),
+        (["--depth", "3", "--alpha", "0"], "alpha"),
+        (["--depth", "3", "--budget", "0"], "budget"),
+        (["--depth", "3", "--budget", "99"], "99"),
+        (["--depth", "3", "--n-ctx", "zero"], "zero"),
+        (["--depth", "3", "--noise-std", "-0.5"], "-0.5"),
+    ],
+)
+def test_bad_input_is_one_line_without_traceback(args, needle):
+    base = {"--depth": "3", "--n-ctx": "16", "--budget": "2"}
+    for flag, value in zip(args[::2], args[1::2]):
+        base[flag] = value
+    argv = ["theory"] + [x for kv in base.items() for x in kv]
+    out = run_cli(*argv)
+    assert out.returncode != 0
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr
+    assert needle in lines[0]
+
+
+@pytest.mark.parametrize("damage", ["missing", "corrupt-weights", "corrupt-config"])
+def test_patch_with_a_bad_run_directory_is_one_line(tmp_path, damage):
+    run = tmp_path / "run"
+    if damage != "missing":
+        out = run_cli("train", "--model", "C", "--depth", "2", "--n-ctx", "8", "--budget", "2", "--steps", "5",
+                      "--out", str(run), "--no-progress")
+        assert out.returncode == 0, out.stderr
+        victim = run / ("model.safetensors" if damage == "corrupt-weights" else "config.json")
+        victim.write_text("{ not what it should be")
+    out = run_cli("patch", "--run", str(run), "--json")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr and str(run) in lines[0]
+
+
+@pytest.mark.parametrize("args", [["--model", "B"], ["--model", "A", "--prior", "gaussian-twin"],
+                                  ["--model", "A", "--arch", "transformer"]])
+def test_train_imitation_elsewhere_than_model_a_on_the_tree_is_one_line(tmp_path, args):
+    out = run_cli("train", *args, "--imitation", "--depth", "2", "--n-ctx", "8", "--budget", "2", "--steps", "5",
+                  "--out", str(tmp_path / "r"), "--no-progress")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr and "--imitation" in lines[0]
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("flag, value", [("--router-warm-start", "-1"), ("--router-warm-start", "x"),
+                                         ("--router-lr-scale", "0"), ("--router-lr-scale", "2")])
+def test_train_bad_router_flags_are_one_line(tmp_path, flag, value):
+    out = run_cli("train", "--model", "A", "--depth", "2", "--n-ctx", "8", "--budget", "2", "--steps", "5",
+                  flag, value, "--out", str(tmp_path / "r"), "--no-progress")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr and flag in lines[0] and value in lines[0]
+
+
+@pytest.mark.parametrize("value", ["1", "1.5", "-0.1", "x"])
+def test_train_bad_warmup_is_one_line(tmp_path, value):
+    out = run_cli("train", "--model", "C", "--depth", "2", "--n-ctx", "8", "--budget", "2", "--steps", "5",
+                  "--warmup", value, "--out", str(tmp_path / "r"), "--no-progress")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr and "warmup" in lines[0]
+
+
+def test_warm_bad_jobs_is_one_line(tmp_path):
+    out = run_cli("warm", "--jobs", "0", "--root", str(tmp_path))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "--jobs" in out.stderr
+
+

@@ -1,0 +1,160 @@
+"""The command line's refusals before any work: the one-line :class:`CliError`, and the checks
+that size a run against the machine before it starts.
+
+``theory`` is refused when it would need more memory than the machine has or more than
+:data:`THEORY_TIME_LIMIT` seconds of computing (and says how long it will take when that is
+over :data:`NOTE_AFTER` seconds); ``train`` is refused when it would need more memory than the
+machine (or the GPU) has. A refusal names the flag most responsible (:func:`culprit`). Output
+directories are checked writable before any work (:func:`check_writable_dir`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+from .._checks import check_budget
+
+__all__ = [
+    "NOTE_AFTER",
+    "THEORY_TIME_LIMIT",
+    "CliError",
+    "check_theory_args",
+    "check_theory_cost",
+    "check_train_memory",
+    "check_writable_dir",
+    "culprit",
+    "flag_for",
+    "memory_limit",
+]
+
+
+class CliError(Exception):
+    """A user error: printed on one line, exit status 2."""
+
+
+#: ``theory`` refuses a run estimated (:func:`fvlib.theory.theory_cost`) to need more seconds
+#: of computing than this, and notes on stderr how long one over :data:`NOTE_AFTER` takes.
+THEORY_TIME_LIMIT = 3600.0
+NOTE_AFTER = 60.0
+
+
+def flag_for(name: str) -> str:
+    """The command-line flag of a field or argument name: ``n_ctx`` -> ``--n-ctx``."""
+    return "--" + name.replace("_", "-")
+
+
+def check_writable_dir(flag: str, path) -> None:
+    """Before any work: directory ``path``, given by ``flag``, exists or can be made, and is writable."""
+    from ..training.rundir import RunDirError
+    from ..training.rundir import check_writable_dir as writable
+
+    try:
+        writable(path)
+    except RunDirError as err:
+        raise CliError(f"{flag}: {err}") from None
+
+
+def check_theory_args(args) -> None:
+    """Refuse a ``theory`` command line before any work: ``--budget`` in ``[1, D]`` (the rule of
+    every subcommand), ``--dp`` within its depth and budget, and a cost that fits
+    (:func:`check_theory_cost`)."""
+    from ..theory import MAX_DP_DEPTH, MAX_DP_LAYERS
+
+    try:
+        check_budget("--budget", args.budget, args.depth, "--depth")
+    except ValueError as err:
+        raise CliError(str(err)) from None
+    if args.dp and args.depth > MAX_DP_DEPTH:
+        raise CliError(f"--dp needs --depth <= {MAX_DP_DEPTH}, got {args.depth}")
+    if args.dp and args.budget > MAX_DP_LAYERS:
+        raise CliError(f"--dp needs --budget <= {MAX_DP_LAYERS}, got {args.budget}")
+    check_theory_cost(args)
+
+
+def memory_limit(device=None) -> float:
+    """The memory there is for a run, in bytes: the GPU's for a CUDA ``torch.device``, else the
+    machine's RAM (``inf`` where the system does not say)."""
+    import torch
+
+    if device is not None and device.type == "cuda":
+        return float(torch.cuda.get_device_properties(device).total_memory)
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, OSError, ValueError):  # no sysconf (Windows): no limit known
+        return math.inf
+
+
+def culprit(estimate, values: dict, reference: dict) -> str:
+    """The flag (with its value) whose ``reference`` value lowers ``estimate(values)`` the most:
+    the one to name when the estimate is over a limit. ``values`` and ``reference`` map field
+    names (``n_ctx``) to values; the flag is ``--n-ctx``."""
+
+    def lowered(name):
+        try:
+            return estimate({**values, name: reference[name]})
+        except ValueError:  # the reference value does not fit the others
+            return math.inf
+
+    name = min(reference, key=lowered)
+    return flag_for(name) if values[name] is True else f"{flag_for(name)} {values[name]}"
+
+
+def _size(nbytes: float) -> str:
+    if nbytes >= 1e12:
+        return f"{nbytes / 1e12:.3g} TB"
+    return f"{nbytes / 1e9:.3g} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:.3g} MB"
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600 * 24 * 365:
+        return f"{seconds / (3600 * 24 * 365):.2g} years"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.3g} h"
+    return f"{seconds / 60:.2g} min" if seconds >= 60 else f"{seconds:.2g} s"
+
+
+def check_theory_cost(args) -> None:
+    """Refuse a ``theory`` run that cannot fit or finish (:func:`fvlib.theory.theory_cost`), naming
+    the flag most responsible; note on stderr how long a long one takes."""
+    from ..theory import theory_cost
+
+    values = {name: getattr(args, name) for name in ("depth", "n_ctx", "budget", "samples", "optimised", "dp")}
+    reference = {"depth": 6, "n_ctx": 128, "budget": min(6, 2**args.depth - 1), "samples": 4000,
+                 "optimised": False, "dp": False}  # the book's reference configuration
+    seconds, memory = theory_cost(**values)
+    limit = memory_limit()
+    if memory > limit:
+        flag = culprit(lambda v: theory_cost(**v)[1], values, reference)
+        raise CliError(f"{flag}: theory needs about {_size(memory)} of memory (estimated), more than the "
+                       f"{_size(limit)} this machine has")
+    if seconds > THEORY_TIME_LIMIT:
+        flag = culprit(lambda v: theory_cost(**v)[0], values, reference)
+        raise CliError(f"{flag}: theory needs about {_duration(seconds)} of computing (estimated on one "
+                       f"core), over the limit of {_duration(THEORY_TIME_LIMIT)}")
+    if seconds > NOTE_AFTER:
+        print(f"fvlib: note: this takes about {_duration(seconds)} (estimated on one core)", file=sys.stderr)
+
+
+def check_train_memory(config) -> None:
+    """Refuse a training run (a :class:`fvlib.training.TrainConfig`) that cannot fit in memory
+    (:func:`fvlib.training.estimate_memory`), naming the flag most responsible."""
+    from dataclasses import replace
+
+    from ..training import TrainConfig, estimate_memory, recipe_for, resolve_device
+
+    memory = estimate_memory(config)
+    device = resolve_device(config.device)
+    limit = memory_limit(device)
+    if memory <= limit:
+        return
+    default = replace(TrainConfig(arch=config.arch, model=config.model),
+                      **recipe_for(config.arch, config.prior, config.alpha))
+    names = ("depth", "n_ctx", "batch", "queries", "width")
+    values = {name: getattr(config, name) for name in names}
+    flag = culprit(lambda v: estimate_memory(replace(config, **v)), values,
+                   {name: getattr(default, name) for name in names})
+    where = "the GPU" if device.type == "cuda" else "this machine"
+    raise CliError(f"{flag}: training needs about {_size(memory)} of memory (estimated), more than the "
+                   f"{_size(limit)} {where} has")
