@@ -100,10 +100,10 @@ test-notebooks: $(STAMP)
 	    $(PYTEST_FLAGS) $(NOTEBOOKS)
 
 # The rendered pages in headless Chromium. Without $(HTML) the test is skipped, with a
-# reason, unless CI is set: then it fails (see tests/test_book_html.py).
+# reason, unless CI is set: then it fails (see tests/book/test_book_html.py).
 test-html: $(STAMP)
 	@test -f "$(HTML)/index.html" || echo "note: $(HTML) is missing, run 'make book' first" >&2
-	$(BIN)/python -m pytest -m browser --durations=10 $(PYTEST_FLAGS) tests/test_book_html.py
+	$(BIN)/python -m pytest -m browser --durations=10 $(PYTEST_FLAGS) tests/book/test_book_html.py
 
 # The stored experiments (results/*.json, fvlib.store), the quick check: for each model family of
 # each file, the first twentieth of its deepest stored run is retrained from its stored config and

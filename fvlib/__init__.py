@@ -1,7 +1,7 @@
 """fvlib: adaptive inference and function vectors in deep transformers.
 
 The library behind the executable textbook. Modules, in layers from the bottom up; a module
-imports only from the layers below it (``tests/test_import_layers.py`` checks this)::
+imports only from the layers below it (``tests/core/test_import_layers.py`` checks this)::
 
     _checks, stats            argument checks of the public entry points; squared error, mean and
                               standard error, the relative gap of two estimates

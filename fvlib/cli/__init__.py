@@ -10,7 +10,7 @@ them. JSON output holds ``null`` where a number is not finite, never a bare ``Na
 ``Infinity``.
 
 The modules, in layers from the bottom up; a module imports only from the layers below it
-(``tests/test_import_layers.py`` checks this)::
+(``tests/core/test_import_layers.py`` checks this)::
 
     limits          the one-line CliError; the refusals before any work: memory, time,
                     budgets, writable output directories

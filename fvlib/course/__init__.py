@@ -40,7 +40,7 @@ Every check is fast (well under a second with fvlib's reference solutions) and d
 for a given ``seed``.
 
 The modules, in layers from the bottom up; a module imports only from the layers below it
-(``tests/test_import_layers.py`` checks this)::
+(``tests/core/test_import_layers.py`` checks this)::
 
     engine      the check engine: CheckResult, checks as data (Check, Misconception) and the one
                 runner, reading and comparing a student's answers

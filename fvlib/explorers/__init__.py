@@ -6,7 +6,7 @@ state on every change of a control and draws it; in the static book the same fun
 ahead of time on a grid of control values and the page's JavaScript draws the stored states.
 
 The modules, in layers from the bottom up; a module imports only from the layers below it
-(``tests/test_import_layers.py`` checks this, and that ``states`` and ``live`` import no widget
+(``tests/core/test_import_layers.py`` checks this, and that ``states`` and ``live`` import no widget
 library, directly or through another fvlib module)::
 
     live        LiveSpec and Control: an explorer's grid of control values, its states computed

@@ -37,7 +37,7 @@ Recipe: adding an explorer to the static book.
 3. A draw function in ``_static/fvlib-live.js``: ``FvlibLive.register(kind, draw)`` where
    ``draw(ctx)`` gets the state, the view values and ``shared``, draws panels with the SVG
    helpers there, and returns a caption. Mark the drawn numbers with ``data-values`` so the
-   browser test (tests/test_book_html.py) can compare them with the embedded state.
+   browser test (tests/book/test_book_html.py) can compare them with the embedded state.
 
 Then a test recomputes a few grid points with the compute function and compares them with the
 page (tests/explorers/test_explorer_live.py does this for every explorer).

@@ -5,7 +5,7 @@ models, ``effective_theta`` for the standard transformers). The donor/target pai
 they share with the theory and the theory's side of key patching are :mod:`fvlib.theory.patching`.
 
 Submodules, in layers from the bottom up; a submodule imports only from the layers below it
-(``tests/test_import_layers.py`` checks this)::
+(``tests/core/test_import_layers.py`` checks this)::
 
     readout
         one read-out per model family, the stream a transplant replaces and a probe reads,

@@ -7,7 +7,7 @@ what it drew, so chapters stay short and figures look the same everywhere. Nothi
 a model, samples contexts or runs a Monte Carlo estimate.
 
 Submodules, in layers from the bottom up; a submodule imports only from the layers below it
-(``tests/test_import_layers.py`` checks this)::
+(``tests/core/test_import_layers.py`` checks this)::
 
     style, tables, text
         the Okabe-Ito palette, one colour per model, one label per strategy; tables of results

@@ -2,7 +2,7 @@
 and their Monte Carlo sweeps.
 
 Submodules, in layers from the bottom up; a submodule imports only from the layers below it
-(``tests/test_import_layers.py`` checks this)::
+(``tests/core/test_import_layers.py`` checks this)::
 
     channel, closed_forms, posteriors, decoders, fits
         how measurements are observed; closed forms; exact Bayes posteriors and the greedy

@@ -3,7 +3,7 @@
 (:func:`~fvlib.training.batched.train_many`), their run directories and their evaluation.
 
 The modules, in layers from the bottom up; a module imports only from the layers below it
-(``tests/test_import_layers.py`` checks this)::
+(``tests/core/test_import_layers.py`` checks this)::
 
     rundir, config      run directories on disk (atomic checkpoints with a manifest of checksums,
                         the lock); TrainConfig, the recipes, what a config means at each step,

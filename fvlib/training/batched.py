@@ -79,7 +79,7 @@ STACK_FREE_FIELDS = frozenset({"seed", "data_seed", "prior", "alpha", "alpha_sta
                                "eval_contexts", "checkpoint_every", "router_warm_start", "device"})
 
 
-def _stack_key(config: TrainConfig) -> tuple:
+def stack_key(config: TrainConfig) -> tuple:
     """What configs must share to be trained in one stack (besides their current step): every
     field but :data:`STACK_FREE_FIELDS`, the resolved device and the architecture; ``noise_std``
     only with the expected loss (which adds ``sigma^2``), ``router_lr_scale`` only where the
@@ -282,13 +282,13 @@ def _check_args(configs, out_dirs, until_step) -> tuple[list[TrainConfig], list[
     return list(configs), dirs, stops
 
 
-def _make_stacks(runs: list[TrainingRun], stops: list[int]) -> list[_Stack]:
+def make_stacks(runs: list[TrainingRun], stops: list[int]) -> list[_Stack]:
     """Stack the runs that still have steps to go; runs with the same contexts share a stream."""
     streams: dict[tuple, _Stream] = {}
     groups: dict[tuple, list[int]] = {}
     for i, (run, stop) in enumerate(zip(runs, stops)):
         if run.step < stop:
-            groups.setdefault((_stack_key(run.config), run.step, stop), []).append(i)
+            groups.setdefault((stack_key(run.config), run.step, stop), []).append(i)
     stacks = []
     for (_, _, stop), members in groups.items():
         member_streams = [streams.setdefault(_data_key(runs[i]), _Stream(runs[i])) for i in members]
@@ -377,7 +377,7 @@ def _train_runs(runs: list[TrainingRun], stops: list[int], progress: bool) -> No
     for run in runs:
         if not run.history:
             run.record_eval()
-    stacks = _make_stacks(runs, stops)
+    stacks = make_stacks(runs, stops)
     total = sum((stack.stop - stack.step) * len(stack.runs) for stack in stacks)
     bar = tqdm(total=total, disable=not progress_shown(progress), leave=False, desc=f"{len(runs)} models")
     active = stacks

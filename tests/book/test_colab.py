@@ -22,7 +22,7 @@ from packaging.requirements import Requirement
 import fvlib
 from fvlib.training import TrainConfig, resolve_device
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("sync_colab_cells", ROOT / "scripts" / "sync_colab_cells.py")
 sync_colab_cells = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(sync_colab_cells)

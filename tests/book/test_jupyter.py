@@ -25,7 +25,7 @@ import fvlib
 import fvlib.explorers
 from fvlib.explorers.prior import prior_explorer
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 JUPYTER = Path(sys.executable).parent / "jupyter"
 CHAPTER = "book/02_priors.ipynb"
 JUPYTER_CONFIG = ROOT / "scripts" / "jupyter_server_config.py"

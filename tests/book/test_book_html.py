@@ -27,7 +27,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HTML = ROOT / "_build" / "html"
 TOC = ROOT / "_toc.yml"
 SCREENSHOTS = ROOT / "_build" / "screenshots"

@@ -6,7 +6,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("execute_book", ROOT / "scripts" / "execute_book.py")
 execute_book = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(execute_book)

@@ -187,19 +187,19 @@ OTHER = dict(model="B", prior="gaussian-twin", depth=4, alpha=0.6, n_ctx=16, noi
 
 def test_stacks_split_by_every_field_but_the_free_ones():
     from fvlib.training import TrainConfig
-    from fvlib.training.batched import STACK_FREE_FIELDS, _stack_key
+    from fvlib.training.batched import STACK_FREE_FIELDS, stack_key
 
     assert set(OTHER) == {f.name for f in dataclasses.fields(TrainConfig)}
     cold = dataclasses.replace(TINY, router_warm_start=0)   # no warm start, sampled loss
     for name, value in OTHER.items():
         base = TINY if name == "router_warm_start" else cold  # 20 -> 5 steps: still warm-started
         changed = dataclasses.replace(base, **{name: value})
-        same = _stack_key(changed) == _stack_key(base)
+        same = stack_key(changed) == stack_key(base)
         assert same == (name in STACK_FREE_FIELDS | {"noise_std", "router_lr_scale"}), name
     # noise_std splits with the expected loss, router_lr_scale with a warm start
     expected = dataclasses.replace(cold, expected_loss=True)
-    assert _stack_key(dataclasses.replace(expected, noise_std=0.2)) != _stack_key(expected)
-    assert _stack_key(dataclasses.replace(TINY, router_lr_scale=0.5)) != _stack_key(TINY)
+    assert stack_key(dataclasses.replace(expected, noise_std=0.2)) != stack_key(expected)
+    assert stack_key(dataclasses.replace(TINY, router_lr_scale=0.5)) != stack_key(TINY)
 
 
 def test_configs_without_data_seed_still_load():
@@ -241,13 +241,13 @@ def test_threads_are_set_for_the_loop_and_restored(monkeypatch):
     seen = []
     import fvlib.training.batched as batched
 
-    original = batched._make_stacks
+    original = batched.make_stacks
 
     def spy(runs, stops):
         seen.append(torch.get_num_threads())
         return original(runs, stops)
 
-    monkeypatch.setattr(batched, "_make_stacks", spy)
+    monkeypatch.setattr(batched, "make_stacks", spy)
     before = torch.get_num_threads()
     config = TrainConfig(model="B", depth=2, budget=2, n_ctx=8, steps=2, batch=4, eval_every=2,
                          eval_contexts=16, width=8)

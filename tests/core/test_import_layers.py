@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1] / "fvlib"
+ROOT = Path(__file__).resolve().parents[2] / "fvlib"
 
 
 def _module_name(path: Path) -> str:
