@@ -38,8 +38,8 @@ import time
 
 import torch
 
-from fvlib.training.batched import train_many
 from fvlib.training import ORIGINAL_RECIPE, TrainConfig, train
+from fvlib.training.batched import train_many
 
 MODELS = 8
 MODES = {"per-model": None, "shared": 0}  # mode -> data_seed

@@ -11,7 +11,6 @@ N = 128. ``--quick`` leaves out the three-layer DP and the K = 6 policy.
 """
 
 import sys
-
 import time
 
 import torch

@@ -30,8 +30,16 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from fvlib.task import make_generator
-from fvlib.training import (LEARNING_RECIPE, TrainConfig, build_model, build_prior, lr_at, resolve_device,
-                            sample_training_batch, training_step)
+from fvlib.training import (
+    LEARNING_RECIPE,
+    TrainConfig,
+    build_model,
+    build_prior,
+    lr_at,
+    resolve_device,
+    sample_training_batch,
+    training_step,
+)
 
 BASE = TrainConfig(model="A", prior="tree", depth=6, alpha=0.5, n_ctx=128, noise_std=0.0, budget=6, steps=3000,
                    **LEARNING_RECIPE)

@@ -168,7 +168,7 @@ class ActivationCache(Mapping):
     def __len__(self) -> int:
         return len(self._activations)
 
-    def to(self, device: str | torch.device) -> "ActivationCache":
+    def to(self, device: str | torch.device) -> ActivationCache:
         return ActivationCache({k: v.to(device) for k, v in self._activations.items()})
 
     def __repr__(self) -> str:

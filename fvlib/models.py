@@ -129,7 +129,7 @@ class ModelConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "ModelConfig":
+    def from_dict(cls, data: Mapping) -> ModelConfig:
         """Build from a dict; unknown keys raise ``ValueError`` naming them."""
         return dataclass_from_dict(cls, data, "model config")
 

@@ -89,14 +89,14 @@ class GaussianPrior(Prior):
         self.name = name
 
     @classmethod
-    def isotropic(cls, dim: int, variance: float = 1.0) -> "GaussianPrior":
+    def isotropic(cls, dim: int, variance: float = 1.0) -> GaussianPrior:
         """``N(0, variance * I_dim)``."""
         check_int("dim", dim, 1)
         check_number("variance", variance, 0, low_open=True)
         return cls(variance * torch.eye(dim, dtype=torch.float64), name="gaussian")
 
     @classmethod
-    def twin_of(cls, prior: Prior) -> "GaussianPrior":
+    def twin_of(cls, prior: Prior) -> GaussianPrior:
         """The Gaussian with the same second moments as ``prior`` (no hierarchy)."""
         return cls(check_instance("prior", prior, Prior).second_moment(), name="gaussian-twin")
 

@@ -69,7 +69,7 @@ class TaskBatch:
     def n_ctx(self) -> int:
         return self.x.shape[1]
 
-    def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> "TaskBatch":
+    def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> TaskBatch:
         """Move the float tensors to ``device`` (and ``dtype``); signs stay integer."""
         return _moved(self, ("x", "y", "x_query", "y_query", "theta"), device, dtype)
 
@@ -80,7 +80,7 @@ class TaskBatch:
         """
         return torch.einsum("bnd,bn->bd", self.x, self.y) / self.n_ctx
 
-    def pooled(self) -> "StatisticBatch":
+    def pooled(self) -> StatisticBatch:
         """The same contexts as their pooled statistics (:class:`StatisticBatch`)."""
         return StatisticBatch(self.sufficient_statistic(), self.x_query, self.y_query, self.theta, self.signs,
                               self.noise_std, self.n_ctx)
@@ -110,7 +110,7 @@ class StatisticBatch:
     def batch_size(self) -> int:
         return self.g.shape[0]
 
-    def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> "StatisticBatch":
+    def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> StatisticBatch:
         """Move the float tensors to ``device`` (and ``dtype``); signs stay integer."""
         return _moved(self, ("g", "x_query", "y_query", "theta"), device, dtype)
 
@@ -200,7 +200,7 @@ def sample_statistic_task(
     *,
     signs: torch.Tensor | None = None,
     dtype: torch.dtype = torch.float32,
-) -> "StatisticBatch":
+) -> StatisticBatch:
     """Sample ``batch`` in-context regression problems as their pooled statistics: what
     :func:`sample_task` followed by :meth:`TaskBatch.pooled` gives, in law, without drawing the
     ``B x N x D`` token inputs (:func:`sample_statistic`, ``O(D)`` per context). Latents, then

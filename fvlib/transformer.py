@@ -142,7 +142,7 @@ class TransformerConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "TransformerConfig":
+    def from_dict(cls, data: Mapping) -> TransformerConfig:
         """Build from a dict; unknown keys raise ``ValueError`` naming them."""
         return dataclass_from_dict(cls, data, "transformer config")
 

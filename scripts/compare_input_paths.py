@@ -13,7 +13,6 @@ standard deviation of the final loss over the seeds.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import time

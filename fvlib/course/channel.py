@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from .._checks import check_number
 from ..priors import GaussianPrior, Prior, TreePrior
 from ..theory import channel_tau2
-from .engine import (Case, Check, CheckResult, Misconception, absolute_difference, call_on, fmt, read_scalar,
-                     require_callable, run_check)
+from .engine import (
+    Case,
+    Check,
+    CheckResult,
+    Misconception,
+    absolute_difference,
+    call_on,
+    fmt,
+    read_scalar,
+    require_callable,
+    run_check,
+)
 
 __all__ = ["check_channel_tau2"]
 

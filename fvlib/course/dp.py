@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from .._checks import check_int, check_number
 from ..priors import TreePrior
 from ..theory import dp_value, policy_value
-from .engine import (Case, Check, CheckResult, Misconception, absolute_difference, call_on, describe, fmt,
-                     read_scalar, run_check)
+from .engine import (
+    Case,
+    Check,
+    CheckResult,
+    Misconception,
+    absolute_difference,
+    call_on,
+    describe,
+    fmt,
+    read_scalar,
+    run_check,
+)
 
 __all__ = ["check_dp_value", "DP_CASES"]
 

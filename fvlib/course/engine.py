@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -169,7 +170,7 @@ class Check:
     misconceptions: tuple[Misconception, ...]
     fallback_hint: str | Callable[[Case, Any, Any], str]
     mismatch: Callable[[Case, Any, Any], str]
-    summary: Callable[[SimpleNamespace, "Progress"], str]
+    summary: Callable[[SimpleNamespace, Progress], str]
     details: Callable[[SimpleNamespace], dict] = lambda options: {}
     failure_details: Callable[[Case, Any], dict] = lambda case, expected: {"case": case.number}
     parts: tuple[str, ...] | None = None

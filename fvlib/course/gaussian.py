@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -11,8 +11,22 @@ from .._checks import check_int, check_number
 from ..priors import GaussianPrior, TreePrior
 from ..task import make_generator
 from ..theory import gaussian_posterior
-from .engine import (Case, Check, CheckResult, Fail, Misconception, call_on, close, describe, fmt,
-                     largest_difference, read_tensor, require_callable, run_check, worst)
+from .engine import (
+    Case,
+    Check,
+    CheckResult,
+    Fail,
+    Misconception,
+    call_on,
+    close,
+    describe,
+    fmt,
+    largest_difference,
+    read_tensor,
+    require_callable,
+    run_check,
+    worst,
+)
 
 __all__ = ["check_gaussian_posterior"]
 

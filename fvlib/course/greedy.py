@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -10,8 +10,18 @@ from .._checks import check_int
 from ..priors import TreePrior
 from ..task import make_generator
 from ..theory import greedy_action, level_node_masses, posterior_probs
-from .engine import (Case, Check, CheckResult, Misconception, call_on, equal, fmt, read_tensor, require_callable,
-                     run_check)
+from .engine import (
+    Case,
+    Check,
+    CheckResult,
+    Misconception,
+    call_on,
+    equal,
+    fmt,
+    read_tensor,
+    require_callable,
+    run_check,
+)
 
 __all__ = ["check_greedy_action"]
 

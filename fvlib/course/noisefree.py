@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
 from .._checks import check_number
 from ..priors import TreePrior
 from ..theory import noisefree_adaptive_loss, noisefree_nonadaptive_loss
-from .engine import (Case, Check, CheckResult, Misconception, absolute_difference, call_on, fmt, read_scalar,
-                     require_callable, run_check)
+from .engine import (
+    Case,
+    Check,
+    CheckResult,
+    Misconception,
+    absolute_difference,
+    call_on,
+    fmt,
+    read_scalar,
+    require_callable,
+    run_check,
+)
 
 __all__ = ["check_noisefree_loss"]
 

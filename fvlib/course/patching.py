@@ -5,15 +5,28 @@
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from .._checks import check_int, check_number
 from ..priors import TreePrior
 from ..theory import PatchingResult, ideal_patching_mask, theory_patching_sweep
-from .engine import (Case, Check, CheckResult, Fail, Misconception, argmax2, call_on, describe, equal, fmt,
-                     largest_difference, read_tensor, run_check)
+from .engine import (
+    Case,
+    Check,
+    CheckResult,
+    Fail,
+    Misconception,
+    argmax2,
+    call_on,
+    describe,
+    equal,
+    fmt,
+    largest_difference,
+    read_tensor,
+    run_check,
+)
 
 __all__ = ["check_patching_sweep", "PATCHING_CASES"]
 

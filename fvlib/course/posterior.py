@@ -5,7 +5,7 @@ probabilities).
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -13,8 +13,21 @@ from .._checks import check_int, check_number
 from ..priors import TreePrior
 from ..task import make_generator
 from ..theory import GaussianChannel, leaf_values_at, log_likelihood_nodes, posterior_probs, tree_posterior_mean
-from .engine import (Case, Check, CheckResult, Fail, Misconception, call_on, close, fmt, largest_difference,
-                     read_tensor, require_callable, run_check, worst)
+from .engine import (
+    Case,
+    Check,
+    CheckResult,
+    Fail,
+    Misconception,
+    call_on,
+    close,
+    fmt,
+    largest_difference,
+    read_tensor,
+    require_callable,
+    run_check,
+    worst,
+)
 
 __all__ = ["check_posterior"]
 

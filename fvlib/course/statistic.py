@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from .._checks import check_number
 from ..priors import GaussianPrior, TreePrior
 from ..task import make_generator, sample_task
-from .engine import (Case, Check, CheckResult, Misconception, call_on, close, fmt, largest_difference, read_tensor,
-                     require_callable, run_check, worst)
+from .engine import (
+    Case,
+    Check,
+    CheckResult,
+    Misconception,
+    call_on,
+    close,
+    fmt,
+    largest_difference,
+    read_tensor,
+    require_callable,
+    run_check,
+    worst,
+)
 
 __all__ = ["check_sufficient_statistic"]
 

@@ -42,8 +42,14 @@ from ..plots.style import MODEL_COLORS, OKABE_ITO, STRATEGY_LABELS
 from ..plots.training import theory_label
 from ..priors import GaussianPrior, TreePrior
 from ..task import make_generator
-from ..theory import (decay_sweep, dp_policy_tree, gaussian_coordinate_loss, leaf_values_at, noisefree_layered_loss,
-                      policy_value)
+from ..theory import (
+    decay_sweep,
+    dp_policy_tree,
+    gaussian_coordinate_loss,
+    leaf_values_at,
+    noisefree_layered_loss,
+    policy_value,
+)
 from ..training import TrainConfig
 from .live import Control, LiveSpec
 

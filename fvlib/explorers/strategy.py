@@ -9,9 +9,9 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from .._checks import check_int, check_number
-from ..theory import DecaySweep
 from ..plots.explorers import plot_strategy_curves
 from ..priors import TreePrior
+from ..theory import DecaySweep
 from .base import DrawFn, Explorer, check_one_of, slider
 from .states import EXPLORER_STRATEGIES, strategy_live, strategy_state
 

@@ -18,8 +18,17 @@ from ..families import DEFAULT_FAMILY, get_family
 from ..plots.explorers import plot_training_run
 from ..plots.training import theory_label
 from ..priors import prior_kinds
-from ..training import (EVAL_SEED_OFFSET, RunDirError, TrainConfig, build_prior, checkpoint_step, evaluate, load_history,
-                        run_dir_for, train)
+from ..training import (
+    EVAL_SEED_OFFSET,
+    RunDirError,
+    TrainConfig,
+    build_prior,
+    checkpoint_step,
+    evaluate,
+    load_history,
+    run_dir_for,
+    train,
+)
 from .base import Explorer, slider
 from .live import LiveSpec
 from .states import training_live, training_state

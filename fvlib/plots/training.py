@@ -23,6 +23,7 @@ Colours: the Okabe-Ito palette (colour-blind safe), one fixed colour per model
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -30,6 +31,9 @@ import torch
 
 from ..stats import seed_mean
 from .style import MODEL_COLORS, OKABE_ITO, STRATEGY_LABELS, VARIANT_STYLES, palette, variant_color
+
+if TYPE_CHECKING:
+    from ..experiments.inbuild import DepthSweep
 
 __all__ = [
     "THEORY_STYLES",

@@ -27,10 +27,10 @@ Every public name of the submodules is importable from ``fvlib.theory``.
 """
 
 from .adaptive_opt import (
+    POLICY_KINDS,
     AdaptivePolicy,
     FixedRows,
     GreedyRule,
-    POLICY_KINDS,
     OptimisedPolicy,
     PolicyRollout,
     optimise_adaptive_policy,
@@ -100,6 +100,7 @@ from .posteriors import (
     uniform_log_weights,
     update_with_node,
 )
+from .predictors import Predictor, policy_predictor, strategy_predictor
 from .strategies import (
     CHANNELS,
     STRATEGY_NEEDS,
@@ -123,7 +124,6 @@ from .strategies import (
     strategy_names,
     unregister_strategy,
 )
-from .predictors import Predictor, policy_predictor, strategy_predictor
 from .sweeps import (
     AdvantageGrid,
     DecaySweep,

@@ -29,7 +29,7 @@ prior and the loss), so the first decision only tries one node per level.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 import torch
@@ -66,7 +66,7 @@ def _check(tree: TreePrior, n_layers: int, tau: float, quad_points: int, rule: s
     return quad_points, rule
 
 
-@lru_cache(maxsize=None)
+@cache
 def _hermite(quad_points: int):
     x, w = np.polynomial.hermite.hermgauss(quad_points)
     return torch.tensor(x, dtype=torch.float64), torch.tensor(w / math.sqrt(math.pi), dtype=torch.float64)

@@ -30,8 +30,8 @@ from ..priors import Prior, TreePrior, check_tree_prior
 from ..stats import mean_and_stderr, squared_error
 from .adaptive_opt import OptimisedPolicy, optimise_adaptive_policy
 from .channel import FiniteSampleChannel, GaussianChannel, sample_statistic
-from .decoders import fit_radial_decoder
 from .closed_forms import best_fixed_nodes, channel_tau2, check_nodes, gaussian_posterior_cov
+from .decoders import fit_radial_decoder
 from .posteriors import (
     greedy_action,
     log_likelihood_directions,
@@ -81,7 +81,7 @@ class Estimate:
     n: int
 
     @classmethod
-    def of(cls, values: torch.Tensor) -> "Estimate":
+    def of(cls, values: torch.Tensor) -> Estimate:
         values = torch.as_tensor(values, dtype=torch.float64).flatten()
         mean, stderr = mean_and_stderr(values)
         return cls(float(mean), float(stderr), values.numel())

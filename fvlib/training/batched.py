@@ -60,8 +60,8 @@ from .evaluate import eval_set_key, eval_summary, theta_losses
 from .loop import (
     TrainingRun,
     TrainResult,
-    expected_query_loss,
     batch_inputs,
+    expected_query_loss,
     progress_shown,
     query_loss,
     readers,

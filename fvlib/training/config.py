@@ -365,7 +365,7 @@ class TrainConfig:
         return {**asdict(self), "inputs": self.input_path}
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "TrainConfig":
+    def from_dict(cls, data: Mapping) -> TrainConfig:
         """Build from a dict; unknown keys raise ``ValueError`` naming them.
 
         A dict that gives ``lr`` is a saved config (saved configs name every field): a field of

@@ -214,7 +214,7 @@ def test_page_renders(doc, server, browser):
             r.abort()
 
     page.route("**/*", route)
-    page.on("pageerror", lambda exc: problems.append(f"JavaScript error: {exc}"))
+    page.on("pageerror", lambda exc, problems=problems: problems.append(f"JavaScript error: {exc}"))
 
     def on_console(msg):
         if msg.type != "error":
@@ -448,7 +448,7 @@ def test_explorers_are_live_in_the_page(doc, server, browser):
         page = context.new_page()
         problems, external = [], []
 
-        def route(r):
+        def route(r, external=external):
             if _is_local(r.request.url):
                 r.continue_()
             else:
@@ -456,8 +456,8 @@ def test_explorers_are_live_in_the_page(doc, server, browser):
                 r.abort()
 
         page.route("**/*", route)
-        page.on("pageerror", lambda exc: problems.append(f"JavaScript error: {exc}"))
-        page.on("console", lambda msg: problems.append(f"console {msg.type}: {msg.text}")
+        page.on("pageerror", lambda exc, problems=problems: problems.append(f"JavaScript error: {exc}"))
+        page.on("console", lambda msg, problems=problems: problems.append(f"console {msg.type}: {msg.text}")
                 if msg.type in ("error", "warning") else None)
         try:
             page.goto(f"{server}/{doc}.html", wait_until="load", timeout=60_000)

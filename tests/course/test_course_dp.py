@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-
 from course_results import failed_with
+
 from fvlib.course import check_dp_value
 from fvlib.theory import dp_value, greedy_value
 

@@ -3,8 +3,8 @@ named misconception, the fallback hint, a student function that raises, a comple
 
 import pytest
 import torch
-
 from course_results import failed_with
+
 from fvlib.course import CheckResult, check_sufficient_statistic
 from fvlib.course.engine import Case, Check, Misconception, absolute_difference, call_on, read_scalar, run_check
 

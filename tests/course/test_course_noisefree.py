@@ -3,8 +3,8 @@
 import math
 
 import pytest
-
 from course_results import failed_with
+
 from fvlib.course import check_noisefree_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py

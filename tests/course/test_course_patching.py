@@ -2,12 +2,18 @@
 
 import pytest
 import torch
-
 from course_results import failed_with
+
 from fvlib import TreePrior, make_generator
 from fvlib.course import check_patching_sweep
-from fvlib.theory import (FiniteSampleChannel, channel_tau2, ideal_patching_mask, patching_pairs, run_greedy,
-                          theory_patching_sweep)
+from fvlib.theory import (
+    FiniteSampleChannel,
+    channel_tau2,
+    ideal_patching_mask,
+    patching_pairs,
+    run_greedy,
+    theory_patching_sweep,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 

@@ -5,8 +5,8 @@ import math
 
 import pytest
 import torch
-
 from course_results import failed_with
+
 from fvlib.course import check_posterior
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py

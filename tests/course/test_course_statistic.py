@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-
 from course_results import failed_with
+
 from fvlib.course import check_sufficient_statistic
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py

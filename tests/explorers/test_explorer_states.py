@@ -6,8 +6,7 @@ import json
 import pytest
 
 from fvlib import TreePrior
-from fvlib.explorers.states import (DP_POLICY_GRID, LAYER_SPLIT_GRID, dp_policy_state, layer_split_state,
-                                    split_budget)
+from fvlib.explorers.states import DP_POLICY_GRID, LAYER_SPLIT_GRID, dp_policy_state, layer_split_state, split_budget
 from fvlib.plots.explorers import policy_from_state
 from fvlib.priors import GaussianPrior
 from fvlib.theory import dp_policy_tree, gaussian_coordinate_loss, policy_value

@@ -3,8 +3,8 @@ the theory policy and a model."""
 
 import pytest
 import torch
-
 from explorer_controls import changed
+
 from fvlib import TreePrior
 from fvlib.explorers.patching import patching_explorer
 from fvlib.models import model_a

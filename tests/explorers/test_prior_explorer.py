@@ -1,8 +1,8 @@
 """fvlib.explorers.prior: the prior explorer redraws for a new depth and alpha."""
 
 import pytest
-
 from explorer_controls import changed
+
 from fvlib.explorers.prior import prior_explorer
 
 

@@ -1,6 +1,7 @@
 """fvlib.explorers.strategy: the strategy explorer reacts to the noise and the budget."""
 
 from explorer_controls import changed
+
 from fvlib.explorers.strategy import strategy_explorer
 
 

@@ -3,8 +3,8 @@
 
 import pytest
 import torch
-
 from conftest import strip_times
+
 from fvlib.explorers.training import live_eval_steps, training_explorer
 
 

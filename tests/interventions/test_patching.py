@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from fvlib import TreePrior, make_generator, make_prior
-from fvlib.models import make_model
 from fvlib.interventions import (
     key_patching_sweep,
     level_overlap,
@@ -13,6 +12,7 @@ from fvlib.interventions import (
     probe_workspace,
     transplant_workspace,
 )
+from fvlib.models import make_model
 from fvlib.theory import donor_signs, patching_pairs, theory_patching_sweep
 from fvlib.training import TrainConfig, train
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 import torch
-
 from conftest import seeded_transformer
+
 from fvlib import make_generator, make_prior
 from fvlib.hooks import hook_name
 from fvlib.interventions import (
@@ -190,8 +190,8 @@ def test_plot_attention_spread_draws_one_panel_per_model():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from fvlib.plots.transformers import plot_attention_spread
     from fvlib.interventions import attention_spread
+    from fvlib.plots.transformers import plot_attention_spread
 
     spreads = {"bottlenecked": attention_spread(seeded(), TREE, N, 0.0, contexts=10, n_show=2),
                "open": attention_spread(seeded(arrangement="open"), TREE, N, 0.0, contexts=10, n_show=2)}

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from fvlib import make_prior, sample_task, make_generator
+from fvlib import make_generator, make_prior, sample_task
 from fvlib.hooks import FAMILIES, LAYER_HOOKS, MODEL_HOOKS, hook_name
 from fvlib.models import make_model
 from fvlib.transformer import make_transformer

@@ -8,11 +8,11 @@ import sys
 
 import pytest
 import torch
-
 from conftest import seeded_transformer
+
 from fvlib import make_generator, make_prior, sample_task
 from fvlib.hooks import ActivationCache, hook_name
-from fvlib.training import TrainConfig, load_run, run_dir_for, train, evaluate, build_prior
+from fvlib.training import TrainConfig, build_prior, evaluate, load_run, run_dir_for, train
 from fvlib.transformer import (
     ARRANGEMENTS,
     TRANSFORMER_LAYER_HOOKS,

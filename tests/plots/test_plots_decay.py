@@ -10,13 +10,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from fvlib.theory.sweeps import advantage_sweep  # noqa: E402
 from fvlib.plots.decay import (  # noqa: E402
     plot_advantage_heatmap,
     plot_decay,
     plot_decay_panels,
 )
 from fvlib.theory import fit_decay  # noqa: E402
+from fvlib.theory.sweeps import advantage_sweep  # noqa: E402
 
 
 def teardown_function():

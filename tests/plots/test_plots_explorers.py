@@ -10,10 +10,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from fvlib import GaussianPrior, TreePrior, make_generator  # noqa: E402
-from fvlib.theory.sweeps import decay_sweep  # noqa: E402
 from fvlib.interventions import patch_level_effect  # noqa: E402
 from fvlib.plots import channel, decay, explorers, interventions, style, training, trees  # noqa: E402
 from fvlib.theory import theory_patching_sweep  # noqa: E402
+from fvlib.theory.sweeps import decay_sweep  # noqa: E402
 from fvlib.training import TrainConfig  # noqa: E402
 
 

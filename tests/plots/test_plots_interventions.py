@@ -11,13 +11,13 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from fvlib import TreePrior  # noqa: E402
-from fvlib.models import model_a  # noqa: E402
 from fvlib.interventions import (  # noqa: E402
     TransplantResult,
     patching_ratio,
     patching_summary,
     transplant_workspace,
 )
+from fvlib.models import model_a  # noqa: E402
 from fvlib.plots.interventions import (  # noqa: E402
     plot_patching_heatmap,
     plot_patching_pair,
@@ -86,8 +86,8 @@ def test_transplant_panels():
 
 def test_workspace_projections_and_probe_heatmap():
     from fvlib import make_generator, sample_task
-    from fvlib.interventions.probes import workspace_projections
     from fvlib.interventions import ProbeResult
+    from fvlib.interventions.probes import workspace_projections
     from fvlib.plots.interventions import plot_probe_heatmap, plot_workspace_projections, prefix_index
 
     tree = TreePrior(3, 0.5)

@@ -11,9 +11,9 @@ import torch
 
 from fvlib import TreePrior
 from fvlib.theory import (
+    FiniteSampleChannel,
     FixedRows,
     GreedyRule,
-    FiniteSampleChannel,
     channel_tau2,
     dp_no_repeat,
     dp_value,

@@ -12,7 +12,6 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from fvlib import TreePrior  # noqa: E402
-from fvlib.theory.sweeps import advantage_sweep, best_coord_curves  # noqa: E402
 from fvlib.plots.decay import plot_advantage_heatmap  # noqa: E402
 from fvlib.theory import (  # noqa: E402
     DP_MAX_DEPTH,
@@ -26,6 +25,7 @@ from fvlib.theory import (  # noqa: E402
     strategy_names,
     theory_baselines,
 )
+from fvlib.theory.sweeps import advantage_sweep, best_coord_curves  # noqa: E402
 
 
 def teardown_function():

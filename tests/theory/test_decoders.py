@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from fvlib import GaussianPrior, TreePrior
-from fvlib.theory import (Estimate, RadialDecoder, channel_tau2, fit_radial_decoder,
-                          mc_contexts, twin_finite_n_loss)
+from fvlib.theory import Estimate, RadialDecoder, channel_tau2, fit_radial_decoder, mc_contexts, twin_finite_n_loss
 
 
 def _twin_draws(depth, samples, n_ctx, sigma, seed):

@@ -12,6 +12,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from fvlib import TreePrior, make_generator  # noqa: E402
+from fvlib.plots.interventions import plot_patching_row  # noqa: E402
 from fvlib.theory import (  # noqa: E402
     PatchingRow,
     donor_signs,
@@ -20,7 +21,6 @@ from fvlib.theory import (  # noqa: E402
     theory_patching_row,
     theory_patching_sweep,
 )
-from fvlib.plots.interventions import plot_patching_row  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 

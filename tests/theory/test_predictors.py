@@ -6,8 +6,14 @@ import pytest
 import torch
 
 from fvlib import TreePrior
-from fvlib.theory import (GreedyRule, channel_tau2, evaluate_strategies, optimise_directions, policy_predictor,
-                          strategy_predictor)
+from fvlib.theory import (
+    GreedyRule,
+    channel_tau2,
+    evaluate_strategies,
+    optimise_directions,
+    policy_predictor,
+    strategy_predictor,
+)
 from fvlib.training.evaluate import per_context_errors, sample_eval_batches
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py

@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from conftest import TINY
+
 from fvlib.interventions import key_patching_sweep
-from fvlib.models import ModelConfig, FVTransformer, make_model
+from fvlib.models import FVTransformer, ModelConfig, make_model
 from fvlib.priors import TreePrior
 from fvlib.task import StatisticBatch, make_generator, sample_chi2, sample_statistic, sample_statistic_task, sample_task
 from fvlib.training import TrainConfig, run_dir_for, train

@@ -5,9 +5,9 @@ import json
 
 import pytest
 import torch
+from conftest import TINY, same_parameters, strip_times
 from safetensors.torch import load_file
 
-from conftest import TINY, same_parameters, strip_times
 from fvlib import make_prior
 from fvlib.models import make_model
 from fvlib.training import (
@@ -26,8 +26,6 @@ from fvlib.training import (
     resolve_device,
     train,
 )
-
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 

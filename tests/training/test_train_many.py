@@ -5,12 +5,22 @@ import json
 
 import pytest
 import torch
+from conftest import TINY, same_parameters, strip_times
 from safetensors import safe_open
 
-from conftest import TINY, same_parameters, strip_times
 from fvlib.experiments.inbuild import shared_configs
-from fvlib.training import (EVAL_SEED_OFFSET, ORIGINAL_RECIPE, RunDirError, TrainConfig, build_prior, evaluate,
-                            load_run, run_dir_for, train, train_many)
+from fvlib.training import (
+    EVAL_SEED_OFFSET,
+    ORIGINAL_RECIPE,
+    RunDirError,
+    TrainConfig,
+    build_prior,
+    evaluate,
+    load_run,
+    run_dir_for,
+    train,
+    train_many,
+)
 
 #: Largest relative difference of final losses allowed between batched and alone.
 TOLERANCE = 1e-4
@@ -235,8 +245,8 @@ def test_bad_input_raises_naming_it(configs, out_dirs, until_step, message):
 def test_threads_are_set_for_the_loop_and_restored(monkeypatch):
     import torch
 
-    from fvlib.training.batched import train_many
     from fvlib.training import TrainConfig
+    from fvlib.training.batched import train_many
 
     seen = []
     import fvlib.training.batched as batched

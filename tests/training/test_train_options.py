@@ -7,11 +7,18 @@ import pytest
 import torch
 
 from fvlib import make_prior
-from fvlib.training.batched import train_many
 from fvlib.models import make_model
 from fvlib.task import make_generator, sample_task
-from fvlib.training import (TrainConfig, expected_query_loss, query_loss, run_dir_for, sample_queries, train,
-                         training_prior)
+from fvlib.training import (
+    TrainConfig,
+    expected_query_loss,
+    query_loss,
+    run_dir_for,
+    sample_queries,
+    train,
+    training_prior,
+)
+from fvlib.training.batched import train_many
 
 #: Tree K=3 (D=7), N=32, budget 3: small and quick.
 TINY = TrainConfig(model="A", depth=3, n_ctx=32, budget=3, steps=40, batch=32, queries=8, width=16,

@@ -9,7 +9,7 @@ from fvlib.models import model_a, model_b
 from fvlib.priors import TreePrior
 from fvlib.task import make_generator, sample_task
 from fvlib.theory import channel_tau2
-from fvlib.training import (ORIGINAL_RECIPE, TrainConfig, build_model, parameter_groups, run_dir_for, train)
+from fvlib.training import ORIGINAL_RECIPE, TrainConfig, build_model, parameter_groups, run_dir_for, train
 from fvlib.training.warm_start import greedy_targets, router_imitation_loss, warm_start_router
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
