@@ -23,7 +23,6 @@ Colours: the Okabe-Ito palette (colour-blind safe), one fixed colour per model
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -31,9 +30,6 @@ import torch
 
 from ..stats import seed_mean
 from .style import MODEL_COLORS, OKABE_ITO, STRATEGY_LABELS, VARIANT_STYLES, palette, variant_color
-
-if TYPE_CHECKING:
-    from ..experiments.inbuild import DepthSweep
 
 __all__ = [
     "THEORY_STYLES",
@@ -202,7 +198,7 @@ def plot_grouped_bars(
     return bars
 
 
-def plot_depth_sweep(sweep: DepthSweep, theory: Mapping[str, tuple] | None = None, ax=None, labels=None,
+def plot_depth_sweep(sweep, theory: Mapping[str, tuple] | None = None, ax=None, labels=None,
                      fits: Mapping[str, object] | None = None):
     """Excess loss against budget (log ``y``): trained models as points with ``+-2`` s.e. bars,
     theory strategies as dashed lines (styles from :data:`THEORY_STYLES`). Returns the axes.
@@ -211,7 +207,8 @@ def plot_depth_sweep(sweep: DepthSweep, theory: Mapping[str, tuple] | None = Non
     Monte Carlo standard errors of the mean, the band spans the seeds' smallest to largest
     loss, and each seed is a small dot. ``fits``: ``{model: DecayFit}``
     (:func:`fvlib.theory.fits.fit_decay` of that model's curve), drawn as a thin line of the
-    law it is fitted best by.
+    law it is fitted best by. ``sweep``: a :class:`~fvlib.experiments.inbuild.DepthSweep` (or any
+    object with its fields; plots import no computing layer).
     """
     if ax is None:
         _, ax = plt.subplots(figsize=(5.5, 3.8))
