@@ -24,6 +24,7 @@ __all__ = [
     "check_instance",
     "check_tensor",
     "dataclass_from_dict",
+    "DictRoundTrip",
 ]
 
 #: Seeds are integers in ``[0, MAX_SEED]`` everywhere (the library, every CLI subcommand): the
@@ -145,3 +146,21 @@ def dataclass_from_dict(cls, data, what: str):
     if unknown:
         raise ValueError(f"unknown {what} keys: {unknown}")
     return cls(**data)
+
+
+class DictRoundTrip:
+    """A mixin for the config dataclasses saved as JSON: ``to_dict`` and its inverse ``from_dict``
+    (unknown keys raise ``ValueError`` naming them; :attr:`WHAT` names the config in the message)."""
+
+    WHAT = "config"
+
+    def to_dict(self) -> dict:
+        """A JSON-serialisable dict (inverse of :meth:`from_dict`)."""
+        from dataclasses import asdict
+
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data):
+        """Build from a dict; unknown keys raise ``ValueError`` naming them."""
+        return dataclass_from_dict(cls, data, cls.WHAT)

@@ -52,13 +52,13 @@ paths (``model.blocks["1"].hook_keys``):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
 
-from ._checks import check_int, dataclass_from_dict
+from ._checks import DictRoundTrip, check_int
 from .hooks import LAYER_HOOKS, MODEL_HOOKS, HookedModel, HookPoint, hook_name
 from .priors import Prior
 from .task import StatisticBatch
@@ -90,7 +90,7 @@ MODEL_KINDS = ("A", "B", "C")
 # Configuration
 # ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(DictRoundTrip):
     """Architecture of an :class:`FVTransformer`.
 
     Attributes:
@@ -102,6 +102,8 @@ class ModelConfig:
         width: hidden width of the router and decoder MLPs.
         hidden_layers: number of hidden layers of each MLP (router and decoder).
     """
+
+    WHAT: ClassVar[str] = "model config"
 
     dim: int
     n_layers: int
@@ -124,14 +126,6 @@ class ModelConfig:
         """Total communication budget ``M = d L``."""
         return self.channels * self.n_layers
 
-    def to_dict(self) -> dict:
-        """A JSON-serialisable dict (inverse of :meth:`from_dict`)."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping) -> ModelConfig:
-        """Build from a dict; unknown keys raise ``ValueError`` naming them."""
-        return dataclass_from_dict(cls, data, "model config")
 
 
 # ----------------------------------------------------------------------------------------

@@ -67,14 +67,14 @@ are those of :class:`fvlib.hooks.HookedModel`.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ._checks import check_int, dataclass_from_dict
+from ._checks import DictRoundTrip, check_int
 from .hooks import LAYER_HOOKS, HookedModel, HookPoint
 from .models import MODEL_KINDS
 from .priors import Prior
@@ -101,7 +101,7 @@ TRANSFORMER_LAYER_HOOKS = {
 
 
 @dataclass(frozen=True)
-class TransformerConfig:
+class TransformerConfig(DictRoundTrip):
     """Architecture of a :class:`StandardTransformer`.
 
     Attributes:
@@ -115,6 +115,8 @@ class TransformerConfig:
         features: ``'product'`` (context tokens embed ``(x_i, y_i, y_i x_i)``) or ``'raw'``
             (``(x_i, y_i)``).
     """
+
+    WHAT: ClassVar[str] = "transformer config"
 
     dim: int
     n_layers: int
@@ -138,13 +140,6 @@ class TransformerConfig:
         """``M = d L``."""
         return self.channels * self.n_layers
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping) -> TransformerConfig:
-        """Build from a dict; unknown keys raise ``ValueError`` naming them."""
-        return dataclass_from_dict(cls, data, "transformer config")
 
 
 # ----------------------------------------------------------------------------------------
