@@ -3,8 +3,9 @@
 The library behind the executable textbook. Modules, in layers from the bottom up; a module
 imports only from the layers below it (``tests/core/test_import_layers.py`` checks this)::
 
-    _checks, stats            argument checks of the public entry points; squared error, mean and
-                              standard error, the relative gap of two estimates
+    _checks, stats, registry  argument checks of the public entry points; squared error, mean and
+                              standard error, the relative gap of two estimates; one registry of
+                              named kinds (priors, model families, strategies)
     workers                   worker processes that end with their parent
     priors                    the tree prior, Gaussian priors, the Gaussian twin; the registry of
                               prior kinds

@@ -21,6 +21,7 @@ from functools import partial
 
 from .hooks import FAMILIES, LAYER_HOOKS, MODEL_HOOKS
 from .models import MODEL_KINDS, FVTransformer, ModelConfig, model_config
+from .registry import Registry
 from .transformer import (
     TRANSFORMER_KINDS,
     StandardTransformer,
@@ -96,42 +97,35 @@ class ModelFamily:
         return self.hook_family in {**LAYER_HOOKS, **MODEL_HOOKS}.get(kind, ())
 
 
-_FAMILIES: dict[str, ModelFamily] = {}
+_FAMILIES: Registry[ModelFamily] = Registry("model family", "arch")
 
 
 def register_family(family: ModelFamily) -> ModelFamily:
     """Register ``family`` under its name; ``ValueError`` if the name is taken or its hook family unknown."""
-    if family.name in _FAMILIES:
-        raise ValueError(f"model family {family.name!r} is already registered")
     if family.hook_family not in FAMILIES:
         raise ValueError(f"hook_family must be one of {FAMILIES}, got {family.hook_family!r}")
-    _FAMILIES[family.name] = family
-    return family
+    return _FAMILIES.add(family.name, family)
 
 
 def unregister_family(name: str) -> None:
     """Remove the family ``name`` (``ValueError`` if it is not registered)."""
-    get_family(name)
-    del _FAMILIES[name]
+    _FAMILIES.remove(name)
 
 
 def family_names() -> tuple[str, ...]:
     """The registered families' names, in the order they were registered."""
-    return tuple(_FAMILIES)
+    return _FAMILIES.names()
 
 
 def get_family(name: str) -> ModelFamily:
     """The registered family ``name``; ``ValueError`` naming ``name`` and the registered families."""
-    try:
-        return _FAMILIES[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"arch must be one of {family_names()}, got {name!r}") from None
+    return _FAMILIES.get(name)
 
 
 def family_of_config(config) -> ModelFamily:
     """The first registered family whose models' configs are of ``config``'s class (the model of
     ``config`` is ``family_of_config(config).model_class(config)``)."""
-    for family in _FAMILIES.values():
+    for family in _FAMILIES.entries():
         if isinstance(config, family.config_class):
             return family
     raise ValueError(f"no registered model family has configs of type {type(config).__name__}")

@@ -32,6 +32,7 @@ from functools import cached_property
 import torch
 
 from ._checks import check_instance, check_int, check_number
+from .registry import Registry
 
 __all__ = ["Prior", "GaussianPrior", "TreePrior", "MAX_TREE_DEPTH", "check_tree_prior", "PriorKind", "register_prior",
            "unregister_prior", "prior_kinds", "get_prior_kind", "make_prior"]
@@ -253,7 +254,7 @@ class PriorKind:
     is_tree: bool
 
 
-_PRIOR_KINDS: dict[str, PriorKind] = {}
+_PRIOR_KINDS: Registry[PriorKind] = Registry("prior kind", "prior")
 
 
 def register_prior(name: str, build: PriorBuilder, description: str = "") -> PriorKind:
@@ -261,30 +262,22 @@ def register_prior(name: str, build: PriorBuilder, description: str = "") -> Pri
     ``name`` is taken or not a non-empty string."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"a prior kind's name must be a non-empty string, got {name!r}")
-    if name in _PRIOR_KINDS:
-        raise ValueError(f"prior kind {name!r} is already registered")
-    kind = PriorKind(name, build, description, bool(build(1, 0.5).is_tree))
-    _PRIOR_KINDS[name] = kind
-    return kind
+    return _PRIOR_KINDS.add(name, PriorKind(name, build, description, bool(build(1, 0.5).is_tree)))
 
 
 def unregister_prior(name: str) -> None:
     """Remove the prior kind ``name`` (``ValueError`` if it is not registered)."""
-    get_prior_kind(name)
-    del _PRIOR_KINDS[name]
+    _PRIOR_KINDS.remove(name)
 
 
 def prior_kinds() -> tuple[str, ...]:
     """The registered prior kinds' names, in the order they were registered."""
-    return tuple(_PRIOR_KINDS)
+    return _PRIOR_KINDS.names()
 
 
 def get_prior_kind(name: str) -> PriorKind:
     """The registered :class:`PriorKind` ``name``; ``ValueError`` naming ``name`` and the registered kinds."""
-    try:
-        return _PRIOR_KINDS[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"prior must be one of {prior_kinds()}, got {name!r}") from None
+    return _PRIOR_KINDS.get(name)
 
 
 def make_prior(kind: str, depth: int, alpha: float = 0.5) -> Prior:

@@ -27,6 +27,7 @@ import torch
 
 from .._checks import check_budget, check_instance, check_int, check_number, check_seed, check_tensor
 from ..priors import Prior, TreePrior, check_tree_prior
+from ..registry import Registry
 from ..stats import mean_and_stderr, squared_error
 from .adaptive_opt import OptimisedPolicy, optimise_adaptive_policy
 from .channel import FiniteSampleChannel, GaussianChannel, sample_statistic
@@ -402,47 +403,38 @@ class Strategy:
     description: str
 
 
-_STRATEGIES: dict[str, Strategy] = {}
+_STRATEGIES: Registry[Strategy] = Registry("strategy", "strategy")
 
 
 def register_strategy(name: str, estimate: StrategyEstimator, *, adaptive: bool, needs=(), channels=CHANNELS,
                       description: str = "") -> Strategy:
     """Register the strategy ``name``; ``ValueError`` if the name is taken, or a need or channel unknown."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"a strategy's name must be a non-empty string, got {name!r}")
-    if name in _STRATEGIES:
-        raise ValueError(f"strategy {name!r} is already registered")
     unknown = (set(needs) - set(STRATEGY_NEEDS)) | (set(channels) - set(CHANNELS))
     if unknown:
         raise ValueError(f"unknown needs or channels {sorted(unknown)}; needs are {STRATEGY_NEEDS}, "
                          f"channels {CHANNELS}")
     strategy = Strategy(name, estimate, bool(adaptive), frozenset(needs), tuple(channels), description)
-    _STRATEGIES[name] = strategy
-    return strategy
+    return _STRATEGIES.add(name, strategy)
 
 
 def unregister_strategy(name: str) -> None:
     """Remove the strategy ``name`` (``ValueError`` if it is not registered)."""
-    get_strategy(name)
-    del _STRATEGIES[name]
+    _STRATEGIES.remove(name)
 
 
 def strategy_names() -> tuple[str, ...]:
     """The registered strategies' names, in the order they were registered."""
-    return tuple(_STRATEGIES)
+    return _STRATEGIES.names()
 
 
 def get_strategy(name: str) -> Strategy:
     """The registered strategy ``name``; ``ValueError`` naming ``name`` and the registered strategies."""
-    try:
-        return _STRATEGIES[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"strategy must be one of {strategy_names()}, got {name!r}") from None
+    return _STRATEGIES.get(name)
 
 
 def choosing_strategies() -> tuple[str, ...]:
     """The registered strategies that choose their measurements adaptively (:attr:`Strategy.adaptive`)."""
-    return tuple(name for name, strategy in _STRATEGIES.items() if strategy.adaptive)
+    return tuple(s.name for s in _STRATEGIES.entries() if s.adaptive)
 
 
 def _greedy_estimate(tree, chan, budget, tau2, **given) -> torch.Tensor:

@@ -92,3 +92,35 @@ def test_families_and_strategies_say_what_code_asks():
     assert choosing_strategies() == ("adaptive_greedy", "adaptive_opt")
     assert set(choosing_strategies()) < set(strategy_names())
     assert get_strategy("adaptive_opt").needs == {"policy"} and get_strategy("adaptive_opt").channels == ("finite",)
+
+
+def test_the_command_line_offers_a_registered_prior(toy):
+    from fvlib.cli import build_parser
+    from fvlib.cli.limits import CliError
+    from fvlib.cli.train_flags import train_config
+
+    argv = ["train", "--model", "B", "--prior", toy, "--depth", "3", "--budget", "3", "--n-ctx", "16",
+            "--steps", "10", "--out", "run"]
+    args = build_parser().parse_args(argv)
+    assert train_config(args).prior == toy
+    unregister_prior(toy)
+    try:
+        with pytest.raises(CliError, match="'toy'"):
+            build_parser().parse_args(argv)
+    finally:
+        register_prior(toy, toy_prior)
+
+
+def test_a_registry_refuses_a_taken_name_and_names_what_it_holds():
+    from fvlib.registry import Registry
+
+    registry = Registry("colour", "colour")
+    assert registry.add("red", 1) == 1 and registry.names() == ("red",) and registry.entries() == (1,)
+    with pytest.raises(ValueError, match="already registered"):
+        registry.add("red", 2)
+    with pytest.raises(ValueError, match="non-empty string"):
+        registry.add("", 3)
+    with pytest.raises(ValueError, match=r"colour must be one of \('red',\), got 'blue'"):
+        registry.get("blue")
+    registry.remove("red")
+    assert registry.names() == ()
