@@ -78,7 +78,8 @@ def main() -> None:
     parser.add_argument("--mode", choices=["both", *MODES], default="shared", help="which contexts (default shared)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {MODELS} models of model A, {args.steps} steps")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{MODELS} models of model A, {args.steps} steps")
     results = {}
     for mode, data_seed in MODES.items():
         if args.mode in ("both", mode):

@@ -57,7 +57,8 @@ def main():
     torch.set_num_threads(2)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
     for depth, contexts in ((10, 2000), (12, 500)):
-        print(f"exact tree posterior, K={depth}, budget {depth}: {posterior_throughput(depth, contexts):,.0f} contexts/s")
+        throughput = posterior_throughput(depth, contexts)
+        print(f"exact tree posterior, K={depth}, budget {depth}: {throughput:,.0f} contexts/s")
     tree = TreePrior(3, 0.5)
     for layers in (2,) if quick else (2, 3):
         for tau in (0.3, 0.6):
@@ -68,11 +69,13 @@ def main():
             no_repeat = dp_no_repeat(tree, layers, tau)
             elapsed_nr = time.perf_counter() - start
             greedy = greedy_value(tree, layers, tau)
-            print(f"DP K=3 L={layers} tau={tau}: {elapsed:.2f} s (DP {dp:.4f}, greedy {greedy:.4f}, 48 Gauss-Hermite points); "
+            print(f"DP K=3 L={layers} tau={tau}: {elapsed:.2f} s "
+                  f"(DP {dp:.4f}, greedy {greedy:.4f}, 48 Gauss-Hermite points); "
                   f"no repeat {elapsed_nr:.2f} s ({no_repeat:.4f})")
     for depth in (4, 5) if quick else (4, 5, 6):
         rows_s, policy_s, kind = adaptive_opt_cost(depth)
-        print(f"adaptive_opt K={depth} M={depth} N=128: directions {rows_s:.1f} s + policy {policy_s:.1f} s (kept: {kind})")
+        print(f"adaptive_opt K={depth} M={depth} N=128: "
+              f"directions {rows_s:.1f} s + policy {policy_s:.1f} s (kept: {kind})")
 
 
 if __name__ == "__main__":

@@ -75,7 +75,8 @@ class GaussianPrior(Prior):
         try:
             cov = torch.as_tensor(cov, dtype=torch.float64)
         except (TypeError, ValueError, RuntimeError):
-            raise ValueError(f"covariance must be a square (D, D) matrix of numbers, got {type(cov).__name__}") from None
+            raise ValueError("covariance must be a square (D, D) matrix of numbers, "
+                             f"got {type(cov).__name__}") from None
         if cov.ndim != 2 or cov.shape[0] != cov.shape[1] or cov.shape[0] < 1:
             raise ValueError(f"covariance must be a square (D, D) matrix, got shape {tuple(cov.shape)}")
         if not torch.isfinite(cov).all():

@@ -76,7 +76,8 @@ def paired_ratio(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     ``var(a - R b) / (n mean(b)^2)`` with ``R`` the ratio."""
     a, b = a.double().flatten(), b.double().flatten()
     if a.shape != b.shape or a.numel() < 2:
-        raise ValueError(f"paired_ratio needs two losses on the same n >= 2 contexts, got {tuple(a.shape)} and {tuple(b.shape)}")
+        raise ValueError("paired_ratio needs two losses on the same n >= 2 contexts, "
+                         f"got {tuple(a.shape)} and {tuple(b.shape)}")
     ratio = float(a.mean() / b.mean())
     residual = a - ratio * b
     return ratio, float(residual.std() / (math.sqrt(a.numel()) * b.mean()))

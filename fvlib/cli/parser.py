@@ -147,7 +147,8 @@ def _add_experiment_run_parser(verbs) -> None:
     run.add_argument("name")
     run.add_argument("--device", choices=["auto", "cpu", "cuda"], default="cpu")
     run.add_argument("--jobs", type=positive_int("--jobs"), default=1, help="work items at a time (processes)")
-    run.add_argument("--root", default=None, help="run root of the checkpoints (default: $FVLIB_RUN_ROOT or ./.fvlib_runs)")
+    run.add_argument("--root", default=None,
+                     help="run root of the checkpoints (default: $FVLIB_RUN_ROOT or ./.fvlib_runs)")
     run.add_argument("--max-items", type=positive_int("--max-items"), default=None,
                      help="stop after this many work items (resume later)")
     run.add_argument("--refresh-theory", action="store_true",

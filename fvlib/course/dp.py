@@ -62,7 +62,8 @@ _DP_MISCONCEPTIONS = (
                   "(V_L at the end is the posterior variance, with no measurement left)"),
     Misconception("one_layer_more",
                   lambda c, e: _policy_risk(c, "optimal", c.n_layers + 1) if c.n_layers + 1 <= 2 else None,
-                  lambda c: f"a layer off by one: the recursion runs over {c.n_layers} measurements, not {c.n_layers + 1}"),
+                  lambda c: (f"a layer off by one: the recursion runs over {c.n_layers} measurements, "
+                             f"not {c.n_layers + 1}")),
     Misconception("tau2_as_tau", lambda c, e: dp_value(c.tree, c.n_layers, c.tau * c.tau, **c.rule),
                   "tau is the noise standard deviation here; the likelihood variance is tau^2"),
     Misconception("sqrt_tau", lambda c, e: dp_value(c.tree, c.n_layers, math.sqrt(c.tau), **c.rule),
@@ -130,9 +131,10 @@ def check_dp_value(
     Tolerance: ``max(rtol * reference, atol)`` (3%, at least 0.003). A correct DP with another
     quadrature (16 or more Gauss-Hermite points, or 32 or more grid points) is within 2.2% on
     these cases; 12 Hermite points can be 3% off (the observation integral needs care, see
-    chapter 4). The greedy policy is 10%, 13% and 260% worse on the three discriminating cases. Recognised answers: greedy, non-adaptive
-    (heap order), the prior risk (no measurement), one layer too few or too many, ``tau^2``
-    used as the std, and values below the optimum (impossible: check the quadrature weights).
+    chapter 4). The greedy policy is 10%, 13% and 260% worse on the three discriminating cases.
+    Recognised answers: greedy, non-adaptive (heap order), the prior risk (no measurement), one
+    layer too few or too many, ``tau^2`` used as the std, and values below the optimum
+    (impossible: check the quadrature weights).
     Timing: about 0.1 s per case with the reference.
     """
     if callable(student):

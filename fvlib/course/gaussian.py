@@ -43,8 +43,10 @@ def _gaussian_settings(gen: torch.Generator):
     tree = TreePrior(3, 0.5)
     coords = torch.eye(tree.dim, dtype=torch.float64)[:3]
     yield "the Gaussian twin of TreePrior(3, 0.5), 3 coordinates", tree.second_moment(), coords, 0.05
-    yield "a random 4 x 4 covariance, 2 random directions", random_cov(4), torch.randn(2, 4, generator=gen, dtype=torch.float64), 0.3
-    yield "a random 5 x 5 covariance, 5 random directions", random_cov(5), torch.randn(5, 5, generator=gen, dtype=torch.float64), 0.1
+    yield ("a random 4 x 4 covariance, 2 random directions", random_cov(4),
+           torch.randn(2, 4, generator=gen, dtype=torch.float64), 0.3)
+    yield ("a random 5 x 5 covariance, 5 random directions", random_cov(5),
+           torch.randn(5, 5, generator=gen, dtype=torch.float64), 0.1)
 
 
 def _gaussian_cases(options):

@@ -33,7 +33,8 @@ def _greedy_cases(options):
         for step in range(depth):
             log_w = 2.0 * torch.randn(options.batch, tree.num_leaves, generator=gen, dtype=torch.float64)
             yield Case(tree=tree, log_w=log_w, step=step, offset=2**step - 1, batch=options.batch,
-                       args=(tree, log_w.clone(), step), what=f"{tree!r}, log_w of shape {tuple(log_w.shape)}, step={step}")
+                       args=(tree, log_w.clone(), step),
+                       what=f"{tree!r}, log_w of shape {tuple(log_w.shape)}, step={step}")
 
 
 def _greedy_at(c, step: int) -> torch.Tensor | None:

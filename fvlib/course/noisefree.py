@@ -37,7 +37,8 @@ def _noisefree_cases(options):
     for depth, alpha in _NOISEFREE_CASES:
         tree = TreePrior(depth, alpha)
         for budget in range(1, min(tree.dim, 20) + 1):
-            yield Case(tree=tree, budget=budget, rtol=options.rtol, args=(tree, budget), what=f"{tree!r}, budget={budget}")
+            yield Case(tree=tree, budget=budget, rtol=options.rtol, args=(tree, budget),
+                       what=f"{tree!r}, budget={budget}")
 
 
 def _budget_shifted(loss: Callable, step: int) -> Callable:

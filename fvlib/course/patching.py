@@ -42,9 +42,11 @@ def _mask_cases(options):
     try:
         mask = torch.as_tensor(options.mask)
     except Exception:  # noqa: BLE001
-        raise Fail(f"expected a boolean (K, L) mask, got {describe(options.mask)}", "return a torch.bool tensor") from None
+        raise Fail(f"expected a boolean (K, L) mask, got {describe(options.mask)}",
+                   "return a torch.bool tensor") from None
     if mask.ndim != 2:
-        raise Fail(f"your mask has shape {tuple(mask.shape)}, expected a (K, L) matrix", "rows are split levels m, columns layers l")
+        raise Fail(f"your mask has shape {tuple(mask.shape)}, expected a (K, L) matrix",
+                   "rows are split levels m, columns layers l")
     K, L = mask.shape
     yield Case(mask=mask.bool(), depth=K, n_layers=L)
 
@@ -62,8 +64,10 @@ def _mask_mismatch(c, yours, expected) -> str:
 #: How the qualitative mask goes wrong (texts about which cells a patch affects).
 _MASK_MISCONCEPTIONS = (
     Misconception("l_ge_m", _mask_at_split,
-                  "at l = m the patched layer measures a node of level m - 1, which donor and target still share: no effect"),
-    Misconception("transposed", lambda c, e: torch.arange(1, c.depth + 1)[:, None] > torch.arange(1, c.n_layers + 1)[None, :],
+                  "at l = m the patched layer measures a node of level m - 1, "
+                  "which donor and target still share: no effect"),
+    Misconception("transposed",
+                  lambda c, e: torch.arange(1, c.depth + 1)[:, None] > torch.arange(1, c.n_layers + 1)[None, :],
                   "rows are split levels m and columns layers l; the effect is large for l > m, not m > l"),
     Misconception("inverted", lambda c, e: ~e, "True marks the cells where the patch changes what the target measures"),
 )
@@ -92,7 +96,8 @@ def _heatmap_cases(options):
     for K, L, N, sigma in options.cases:
         tree = TreePrior(K, 0.5)
         yield Case(tree=tree, depth=K, n_layers=L, n_ctx=N, noise_std=sigma, contexts=options.contexts,
-                   seed=options.seed, z=options.z, atol=options.atol, args=(tree, N, sigma, L, options.contexts, options.seed),
+                   seed=options.seed, z=options.z, atol=options.atol,
+                   args=(tree, N, sigma, L, options.contexts, options.seed),
                    what=(f"{tree!r}, n_ctx={N}, noise_std={sigma}, n_layers={L}, contexts={options.contexts}, "
                          f"seed={options.seed}"))
 
@@ -196,7 +201,8 @@ _PATCHING = Check(
     name="check_patching_sweep",
     cases=_heatmap_cases,
     answer=_read_heatmap,
-    reference=lambda c: theory_patching_sweep(c.tree, c.n_ctx, c.noise_std, c.n_layers, contexts=c.contexts, seed=c.seed),
+    reference=lambda c: theory_patching_sweep(c.tree, c.n_ctx, c.noise_std, c.n_layers,
+                                              contexts=c.contexts, seed=c.seed),
     error=lambda yours, ref: largest_difference(yours, ref.loss),
     passes=lambda c, yours, ref, error: not bool(((yours - ref.loss).abs() > _heatmap_tolerance(c, ref)).any()),
     same=lambda c, yours, wrong: False,  # every patching misconception tests the answer itself
@@ -271,4 +277,5 @@ def check_patching_sweep(
     check_number("z", z, 0)
     check_number("atol", atol, 0)
     cases = PATCHING_CASES if given is None else ((depth, n_layers, n_ctx, noise_std),)
-    return run_check(_PATCHING, student if given is None else given, cases=cases, contexts=contexts, seed=seed, z=z, atol=atol)
+    answer = student if given is None else given
+    return run_check(_PATCHING, answer, cases=cases, contexts=contexts, seed=seed, z=z, atol=atol)

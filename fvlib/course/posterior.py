@@ -142,10 +142,12 @@ _POSTERIOR_MISCONCEPTIONS = (
                   "keep the -t^2 / 2 term of the log-likelihood: theta_a is 0 for leaves off the node's path "
                   "and +-alpha^(k/2) on it, so t^2 differs between leaves and does not cancel"),
     Misconception("last_only",
-                  lambda c, e: _from_log_weights(c, log_likelihood_nodes(c.tree, c.nodes[:, -1:], c.phis[:, -1:], c.tau2)),
+                  lambda c, e: _from_log_weights(
+                      c, log_likelihood_nodes(c.tree, c.nodes[:, -1:], c.phis[:, -1:], c.tau2)),
                   "use every measurement of the context: add the log-likelihoods of all L of them"),
     Misconception("first_only",
-                  lambda c, e: _from_log_weights(c, log_likelihood_nodes(c.tree, c.nodes[:, :1], c.phis[:, :1], c.tau2)),
+                  lambda c, e: _from_log_weights(
+                      c, log_likelihood_nodes(c.tree, c.nodes[:, :1], c.phis[:, :1], c.tau2)),
                   "use every measurement of the context, not only the first"),
     Misconception("map", _posterior_map_leaf,
                   "that is the most probable leaf (MAP); the posterior mean averages theta over all leaves, "

@@ -171,12 +171,12 @@ def gap_table(model, config: TrainConfig, *, contexts: int = 4000, seed: int = 0
     so that a model row and these compare paired (greedy's loss has a heavy tail: on two
     independent sets of 4000 contexts it can differ by a fifth); ``best_paired``, the name of the
     smaller of the two, and ``ratios``: ``{model row: (ratio, stderr)}``, each model row over
-    that best paired reference, context by context (:func:`fvlib.stats.paired_ratio`). ``policy``: an optimised adaptive policy
-    to reuse. ``others``: ``{name: model}``, more models A of the same task (e.g. trained with
-    another recipe), decoded on the very same contexts: rows ``name`` and
-    ``name + "_router_bayes"``. Also ``adaptive_opt_kind`` (which candidate the optimisation
-    kept), ``adaptive_opt_policy`` (the :class:`~fvlib.theory.adaptive_opt.OptimisedPolicy`)
-    and ``adaptive_opt_seconds`` (its cost).
+    that best paired reference, context by context (:func:`fvlib.stats.paired_ratio`).
+    ``policy``: an optimised adaptive policy to reuse. ``others``: ``{name: model}``, more
+    models A of the same task (e.g. trained with another recipe), decoded on the very same
+    contexts: rows ``name`` and ``name + "_router_bayes"``. Also ``adaptive_opt_kind`` (which
+    candidate the optimisation kept), ``adaptive_opt_policy`` (the
+    :class:`~fvlib.theory.adaptive_opt.OptimisedPolicy`) and ``adaptive_opt_seconds`` (its cost).
     """
     if not get_prior_kind(config.prior).is_tree:
         raise ValueError(f"gap_table needs a tree prior, got {config.prior!r}")

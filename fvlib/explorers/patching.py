@@ -68,8 +68,9 @@ def patching_explorer(
     depth-4 tree is patched; with a trained ``model`` its keys are patched and the theory
     policy of the same depth is shown beside it. ``sweep`` reuses a model sweep already
     computed and ``theory_sweep`` a theory sweep (same ``tree``, ``n_ctx``, ``noise_std``,
-    depth); otherwise the sweeps use ``contexts`` pairs per split level. ``summary`` holds ``split_level``, ``layer``, ``ratio`` (of the
-    shown cell), ``row``, ``target_overlap`` and ``donor_overlap`` (``(K,)`` lists).
+    depth); otherwise the sweeps use ``contexts`` pairs per split level. ``summary`` holds
+    ``split_level``, ``layer``, ``ratio`` (of the shown cell), ``row``, ``target_overlap`` and
+    ``donor_overlap`` (``(K,)`` lists).
     """
     tree = TreePrior(4, 0.5) if tree is None else tree
     check_tree_prior("tree", tree)

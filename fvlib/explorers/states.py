@@ -175,9 +175,10 @@ def strategy_live(depth, budget, alpha, n_ctx, noise_std, samples, seed) -> Live
     def compute(alpha, n_ctx, noise_std):
         return strategy_state(depth, max_budget, alpha, n_ctx, noise_std, samples, seed)
 
-    return LiveSpec("strategy", controls, compute, shared={"depth": depth, "seed": seed, "strategies": list(EXPLORER_STRATEGIES),
-                                                        "colors": {k: STRATEGY_COLORS[k] for k in EXPLORER_STRATEGIES},
-                                                        "labels": {k: STRATEGY_LABELS[k] for k in EXPLORER_STRATEGIES}},
+    shared = {"depth": depth, "seed": seed, "strategies": list(EXPLORER_STRATEGIES),
+              "colors": {k: STRATEGY_COLORS[k] for k in EXPLORER_STRATEGIES},
+              "labels": {k: STRATEGY_LABELS[k] for k in EXPLORER_STRATEGIES}}
+    return LiveSpec("strategy", controls, compute, shared=shared,
                     note=f"each setting of the grid is a Monte Carlo sweep run by fvlib when this page was "
                          f"built (strategy_state, the widget's own function): {samples} contexts per point, "
                          f"seed {seed}, the same contexts at every budget.")

@@ -88,7 +88,8 @@ class TrainingExplorer(Explorer):
         self.train_button.on_click(lambda _: self.start())
         self.stop_button.on_click(lambda _: self.stop())
         controls = {
-            "model": widgets.Dropdown(options=list(get_family(DEFAULT_FAMILY).models), value=model, description="model"),
+            "model": widgets.Dropdown(options=list(get_family(DEFAULT_FAMILY).models), value=model,
+                                      description="model"),
             "prior": widgets.Dropdown(options=list(prior_kinds()), value=prior, description="prior"),
             "steps": slider(widgets.IntSlider, steps, 100, 5000, 100, "steps"),
         }

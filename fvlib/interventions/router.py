@@ -38,7 +38,8 @@ def measurement_profile(model, tree, batch):
         rows = []
         for l in range(1, model.config.n_layers + 1):
             previous = cache[hook_name("workspace", l - 1)] if l > 1 else batch.x_query.new_zeros(batch.batch_size, 0)
-            weight = (model.block(l).router.matrix(previous.to(batch.x_query.dtype)) ** 2).sum(1).double().cpu()  # (B, D)
+            matrix = model.block(l).router.matrix(previous.to(batch.x_query.dtype))  # (B, d, D)
+            weight = (matrix**2).sum(1).double().cpu()  # (B, D)
             weight = weight / weight.sum(-1, keepdim=True)
             on_path = weight.gather(-1, nodes)  # (B, K)
             rows.append(torch.cat([on_path, 1 - on_path.sum(-1, keepdim=True)], dim=-1).mean(0))

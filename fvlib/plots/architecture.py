@@ -44,8 +44,9 @@ def _arrow(ax, start, end, text=None, offset=(0.0, 0.0), style="-|>", ls="-", fo
                             linestyle=ls, shrinkA=2, shrinkB=2)
     ax.add_patch(arrow)
     if text:
-        ax.text(start[0] + frac * (end[0] - start[0]) + offset[0], start[1] + frac * (end[1] - start[1]) + offset[1], text,
-                fontsize=fontsize, ha="center", va="center", color="0.15")
+        label_x = start[0] + frac * (end[0] - start[0]) + offset[0]
+        label_y = start[1] + frac * (end[1] - start[1]) + offset[1]
+        ax.text(label_x, label_y, text, fontsize=fontsize, ha="center", va="center", color="0.15")
     return arrow
 
 
@@ -83,9 +84,10 @@ def draw_architecture(n_layers: int = 3, channels: int = 1, ax=None, title: str 
     ws_y = 0.9
     for l in range(1, L + 1):
         x0 = 3.6 + step * (l - 1)
-        prev = "\\Phi_{%d}" % (l - 1)
+        prev = f"\\Phi_{{{l - 1}}}"
         router = _box(ax, x0, 4.9, 2.4, 1.1,
-                      f"router (MLP) $G_{{{l}}}({prev})$\nkeys $k_i^{{{l}}}=G_{{{l}}}({prev})\\,x_i$", "router", fontsize=8)
+                      f"router (MLP) $G_{{{l}}}({prev})$\nkeys $k_i^{{{l}}}=G_{{{l}}}({prev})\\,x_i$",
+                      "router", fontsize=8)
         pool = _box(ax, x0, 2.9, 3.0, 1.0,
                     f"uniform pooling ($d={channels}$)\n$\\phi_{{{l}}}=\\frac{{1}}{{N}}\\sum_i k_i^{{{l}}}\\,y_i$",
                     "pool", fontsize=8)

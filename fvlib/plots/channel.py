@@ -233,7 +233,8 @@ def plot_relative_gap(
             ax.annotate(f"{value:+.0%}", (n, shown), xytext=(-4, -11 if up else 5), textcoords="offset points",
                         ha="right", fontsize=8, color=color)
         if predicted is not None and name in predicted:
-            ax.plot(n_values, predicted[name], ":", color=color, lw=2, label=f"{STRATEGY_LABELS.get(name, name)}, predicted")
+            ax.plot(n_values, predicted[name], ":", color=color, lw=2,
+                    label=f"{STRATEGY_LABELS.get(name, name)}, predicted")
     ax.axhline(0.0, color="0.4", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xticks(n_values)

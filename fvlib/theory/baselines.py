@@ -58,9 +58,11 @@ def theory_baselines(
     ``*_stderr`` for the Monte Carlo ones, ``samples``; plus ``nonadaptive_opt`` when
     ``optimised``, ``adaptive_opt`` (the optimised adaptive policy of
     :mod:`fvlib.theory.adaptive_opt`, started from the same optimised directions; it costs
-    tens of seconds at ``K = 6``) when ``adaptive_opt``, ``dp_optimal`` (Gaussian channel with the same ``tau``, fresh noise, ``K <= 3``)
-    and ``dp_no_repeat`` (the same DP when no node may be measured twice) when ``dp``, and ``nonadaptive_best_coord`` with ``noisefree_best_coord`` (the set of
-    :func:`~fvlib.theory.closed_forms.best_fixed_nodes` and its exact noise-free loss) when ``best_coord``.
+    tens of seconds at ``K = 6``) when ``adaptive_opt``, ``dp_optimal`` (Gaussian channel with
+    the same ``tau``, fresh noise, ``K <= 3``) and ``dp_no_repeat`` (the same DP when no node
+    may be measured twice) when ``dp``, and ``nonadaptive_best_coord`` with
+    ``noisefree_best_coord`` (the set of :func:`~fvlib.theory.closed_forms.best_fixed_nodes` and
+    its exact noise-free loss) when ``best_coord``.
     The extra strategies are evaluated after the others, so they change none of their numbers.
     """
     check_tree_prior("tree", tree)

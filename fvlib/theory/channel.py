@@ -42,7 +42,8 @@ def _check_nodes(nodes, shape) -> torch.Tensor:
     """``nodes`` as a LongTensor ``(B,)`` of node ids in ``[0, D)`` for contexts of ``shape (B, D)``."""
     nodes = check_tensor("nodes", nodes, (shape[0],), "(B,)", integer=True).long()
     if nodes.numel() and (nodes.min() < 0 or nodes.max() >= shape[1]):
-        raise ValueError(f"nodes must be in [0, {shape[1] - 1}], got values in [{int(nodes.min())}, {int(nodes.max())}]")
+        raise ValueError(f"nodes must be in [0, {shape[1] - 1}], "
+                         f"got values in [{int(nodes.min())}, {int(nodes.max())}]")
     return nodes
 
 

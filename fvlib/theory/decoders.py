@@ -112,7 +112,8 @@ def fit_radial_decoder(stats, thetas, degree: int = 4) -> RadialDecoder:
     stats = _as_stats("stats", stats)
     thetas = _as_stats("thetas", thetas)
     if stats.shape != thetas.shape:
-        raise ValueError(f"stats and thetas must have the same shape, got {tuple(stats.shape)} and {tuple(thetas.shape)}")
+        raise ValueError("stats and thetas must have the same shape, "
+                         f"got {tuple(stats.shape)} and {tuple(thetas.shape)}")
     B, D = stats.shape
     if D < 1:
         raise ValueError(f"stats must have at least one column, got D = {D}")

@@ -38,8 +38,8 @@ from .._checks import check_int, check_number, check_tensor
 from ..priors import TreePrior, check_tree_prior
 from .posteriors import greedy_action, leaf_values_at, posterior_probs, tree_posterior_variance, uniform_log_weights
 
-__all__ = ["dp_value", "dp_no_repeat", "greedy_value", "policy_value", "optimal_actions", "dp_policy_tree", "MAX_DP_DEPTH",
-           "MAX_DP_LAYERS"]
+__all__ = ["dp_value", "dp_no_repeat", "greedy_value", "policy_value", "optimal_actions", "dp_policy_tree",
+           "MAX_DP_DEPTH", "MAX_DP_LAYERS"]
 
 MAX_DP_DEPTH = 3
 #: The most measurements the exact DP takes (its cost grows as ``(D P)^(L-1)``, see above).
@@ -229,7 +229,8 @@ def greedy_value(tree: TreePrior, n_layers: int, tau: float, quad_points: int = 
     return policy_value(tree, n_layers, tau, "greedy", quad_points, rule)
 
 
-def optimal_actions(tree: TreePrior, log_w: torch.Tensor, steps_left: int, tau: float, quad_points: int = 48, rule: str = "hermite"):
+def optimal_actions(tree: TreePrior, log_w: torch.Tensor, steps_left: int, tau: float, quad_points: int = 48,
+                    rule: str = "hermite"):
     """Optimal next node and the value of every node for beliefs ``log_w (B, J)``.
 
     Returns ``(best (B,), values (B, D))`` where ``values[:, a]`` is the expected final risk
@@ -243,7 +244,8 @@ def optimal_actions(tree: TreePrior, log_w: torch.Tensor, steps_left: int, tau: 
     return values.argmin(dim=1), values
 
 
-def dp_policy_tree(tree: TreePrior, n_layers: int, tau: float, phi_grid=None, quad_points: int = 48, rule: str = "hermite") -> dict:
+def dp_policy_tree(tree: TreePrior, n_layers: int, tau: float, phi_grid=None, quad_points: int = 48,
+                   rule: str = "hermite") -> dict:
     """The optimal policy as a decision tree over observation intervals.
 
     Each node of the returned nested dict is ``{"node": a, "value": v, "branches": [...]}``: measure
@@ -254,7 +256,10 @@ def dp_policy_tree(tree: TreePrior, n_layers: int, tau: float, phi_grid=None, qu
     subtree is computed at its middle grid point.
     """
     quad = _check(tree, n_layers, tau, quad_points, rule)
-    grid = torch.linspace(-2.0, 2.0, 81, dtype=torch.float64) if phi_grid is None else torch.as_tensor(phi_grid, dtype=torch.float64)
+    if phi_grid is None:
+        grid = torch.linspace(-2.0, 2.0, 81, dtype=torch.float64)
+    else:
+        grid = torch.as_tensor(phi_grid, dtype=torch.float64)
     if grid.ndim != 1 or grid.numel() < 1:
         raise ValueError(f"phi_grid must be a non-empty 1-D grid, got shape {tuple(grid.shape)}")
     prior = uniform_log_weights(tree, 1)
@@ -276,7 +281,8 @@ def _policy_subtree(tree, log_w, node, value, steps_left, tau, grid, quad):
         lo = -math.inf if start == 0 else float((grid[start - 1] + grid[start]) / 2)
         hi = math.inf if i == len(grid) else float((grid[i - 1] + grid[i]) / 2)
         mid = (start + i - 1) // 2
-        sub = _policy_subtree(tree, beliefs[mid : mid + 1], int(best[mid]), float(values[mid].min()), steps_left - 1, tau, grid, quad)
+        sub = _policy_subtree(tree, beliefs[mid : mid + 1], int(best[mid]), float(values[mid].min()), steps_left - 1,
+                              tau, grid, quad)
         out["branches"].append({"phi_range": (lo, hi), **sub})
         start = i
     return out

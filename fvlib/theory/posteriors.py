@@ -77,7 +77,8 @@ def leaf_values_at(tree: TreePrior, nodes: torch.Tensor) -> torch.Tensor:
     return torch.where(on_path, value, torch.zeros((), dtype=torch.float64))
 
 
-def update_with_node(tree: TreePrior, log_w: torch.Tensor, nodes: torch.Tensor, phi: torch.Tensor, tau2: float) -> torch.Tensor:
+def update_with_node(tree: TreePrior, log_w: torch.Tensor, nodes: torch.Tensor, phi: torch.Tensor,
+                     tau2: float) -> torch.Tensor:
     """Bayes update after observing ``phi (B,)`` at ``nodes (B,)``; returns new ``(B, 2^K)`` log-weights.
 
     Adds ``(phi * t - t^2 / 2) / tau2`` with ``t = theta_j[node]`` (constants dropped).
@@ -167,7 +168,8 @@ def tree_posterior_cov(tree: TreePrior, probs: torch.Tensor) -> torch.Tensor:
     return second - mean[:, :, None] * mean[:, None, :]
 
 
-def greedy_action(tree: TreePrior, log_w: torch.Tensor, step: int, measured: torch.Tensor | None = None) -> torch.Tensor:
+def greedy_action(tree: TreePrior, log_w: torch.Tensor, step: int,
+                  measured: torch.Tensor | None = None) -> torch.Tensor:
     """The greedy node for each context at ``step`` (0-based); ``log_w (B, 2^K)`` -> ``(B,)``.
 
     Greedy rule ("follow the most probable path"): at step ``l < K`` measure the node of level

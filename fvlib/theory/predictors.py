@@ -40,10 +40,10 @@ def _channel(tree: TreePrior, batch: TaskBatch) -> tuple[FiniteSampleChannel, fl
 def strategy_predictor(name: str, tree: TreePrior, budget: int, *, directions: torch.Tensor | None = None,
                        nodes: torch.Tensor | None = None) -> Predictor:
     """The registered strategy ``name`` (:func:`~fvlib.theory.strategies.strategy_names`; not one that
-    needs a policy, ``adaptive_opt``: see :func:`policy_predictor`) as a predictor spending ``budget`` measurements. ``directions``
-    ``(M, D)``: the rows of ``nonadaptive_opt`` (required there, e.g.
-    :func:`~fvlib.theory.strategies.optimise_directions`); ``nodes``: the set of
-    ``nonadaptive_best_coord`` (default :func:`~fvlib.theory.closed_forms.best_fixed_nodes`)."""
+    needs a policy, ``adaptive_opt``: see :func:`policy_predictor`) as a predictor spending
+    ``budget`` measurements. ``directions`` ``(M, D)``: the rows of ``nonadaptive_opt``
+    (required there, e.g. :func:`~fvlib.theory.strategies.optimise_directions`); ``nodes``: the
+    set of ``nonadaptive_best_coord`` (default :func:`~fvlib.theory.closed_forms.best_fixed_nodes`)."""
     check_tree_prior("tree", tree)
     check_budget("budget", budget, tree.depth)
     needs = get_strategy(name).needs

@@ -23,8 +23,9 @@ all models that would see the same ones alone.
 * **Run directories.** Each model's directory holds exactly what ``train`` writes (config,
   weights, Adam moments and RNG state, history, the checkpoint's manifest) at the same steps,
   each checkpoint one atomic step, and is locked while trained (:mod:`fvlib.training.rundir`), so
-  :func:`~fvlib.training.checkpoint.load_run` reads it, ``train(config, out_dir=dir)`` resumes or reloads it, and ``train_many`` resumes
-  directories that ``train`` started, and the other way round.
+  :func:`~fvlib.training.checkpoint.load_run` reads it, ``train(config, out_dir=dir)`` resumes
+  or reloads it, and ``train_many`` resumes directories that ``train`` started, and the other
+  way round.
 * **Numbers.** With the same configs the results are bitwise reproducible on the CPU. Against
   training alone, the step-0 evaluation, the sampled contexts and the evaluation sets are
   bitwise the same; the batched forward and backward passes add up the same products in
@@ -98,8 +99,8 @@ def _data_key(run: TrainingRun) -> tuple:
     c = run.config
     state = bytes(run.generator.get_state().numpy())
     curriculum = None if c.alpha_start is None else (c.alpha_start, c.alpha_ramp, c.steps, run.step)
-    return (c.prior, c.depth, c.alpha, c.noise_std, c.n_ctx, c.batch, c.queries, c.expected_loss, c.input_path, curriculum,
-            state)
+    return (c.prior, c.depth, c.alpha, c.noise_std, c.n_ctx, c.batch, c.queries, c.expected_loss, c.input_path,
+            curriculum, state)
 
 
 class _Stream:

@@ -433,7 +433,8 @@ def build_prior(config: TrainConfig) -> Prior:
 
 
 def model_from_config(model_config: ModelConfig | TransformerConfig) -> FVTransformer | StandardTransformer:
-    """The untrained model of ``model_config``, built by the class of its family (:func:`fvlib.families.family_of_config`)."""
+    """The untrained model of ``model_config``, built by the class of its family
+    (:func:`fvlib.families.family_of_config`)."""
     return family_of_config(model_config).model_class(model_config)
 
 
@@ -447,11 +448,11 @@ def build_model(config: TrainConfig) -> FVTransformer | StandardTransformer:
 def estimate_memory(config: TrainConfig) -> float:
     """A rough peak memory of training ``config``, in bytes, computed before any work: the
     evaluation set and the training batch (``(eval_contexts + 3 batch) N (D + 1)`` float32
-    numbers: contexts, their gradients and copies; ``N = 1`` on the pooled statistic), the query tokens, the parameters with their
-    gradients and Adam moments, and for the standard transformers the attention scores
-    (``N^2`` per context and layer). Against measured runs (``K = 3`` to ``8``, ``N`` up to
-    2048, both architectures) it is within a factor of about 3, which is all the CLI needs to
-    refuse a run that cannot fit.
+    numbers: contexts, their gradients and copies; ``N = 1`` on the pooled statistic), the
+    query tokens, the parameters with their gradients and Adam moments, and for the standard
+    transformers the attention scores (``N^2`` per context and layer). Against measured runs
+    (``K = 3`` to ``8``, ``N`` up to 2048, both architectures) it is within a factor of about
+    3, which is all the CLI needs to refuse a run that cannot fit.
     """
     D = 2**config.depth - 1
     per_context = D + 1 if config.statistic else config.n_ctx * (D + 1)  # what a context holds
@@ -525,5 +526,6 @@ def run_dir_for(config: TrainConfig, root: str | os.PathLike | None = None) -> P
     }
     digest = hashlib.sha256(json.dumps(fields_that_matter, sort_keys=True).encode()).hexdigest()[:10]
     prefix = "" if config.arch == DEFAULT_FAMILY else f"{config.arch}-"
-    name = f"{prefix}{config.model}-{config.prior}-K{config.depth}-M{config.budget}-N{config.n_ctx}-s{config.steps}-{digest}"
+    name = (f"{prefix}{config.model}-{config.prior}-"
+            f"K{config.depth}-M{config.budget}-N{config.n_ctx}-s{config.steps}-{digest}")
     return root / name

@@ -179,9 +179,10 @@ def sample_training_batch(
 
 
 def parameter_groups(model, config: TrainConfig) -> list[dict]:
-    """Adam's parameter groups: one group, or with a warm-started router (:attr:`~fvlib.training.config.TrainConfig.warm_starts`)
-    the router's parameters (``blocks.*``) with ``lr_scale = router_lr_scale`` and the rest
-    with ``lr_scale = 1``. Each group's learning rate is ``lr_scale * lr_at(step)``."""
+    """Adam's parameter groups: one group, or with a warm-started router
+    (:attr:`~fvlib.training.config.TrainConfig.warm_starts`) the router's parameters
+    (``blocks.*``) with ``lr_scale = router_lr_scale`` and the rest with ``lr_scale = 1``. Each
+    group's learning rate is ``lr_scale * lr_at(step)``."""
     named = list(model.named_parameters())
     if not config.warm_starts:
         return [{"params": [p for _, p in named], "lr_scale": 1.0}]
@@ -223,8 +224,9 @@ class TrainingRun:
     """The mutable state of one training run (model, optimiser, RNG, history)."""
 
     def __init__(self, config: TrainConfig, out_dir: Path | None, resume: bool, eval_batches=None):
-        """``eval_batches``: the run's evaluation set if already drawn (see :func:`~fvlib.training.evaluate.eval_set_key`).
-        A run with ``out_dir`` holds its directory's lock until :meth:`close`."""
+        """``eval_batches``: the run's evaluation set if already drawn (see
+        :func:`~fvlib.training.evaluate.eval_set_key`). A run with ``out_dir`` holds its
+        directory's lock until :meth:`close`."""
         self.config, self.out_dir = config, out_dir
         self.lock = RunLock(out_dir).acquire() if out_dir is not None else None  # before any work
         try:
@@ -409,8 +411,9 @@ def train(
         on_step: called after every step (after its evaluation, if one was due) with
             ``(step, model)``; returning ``True`` stops there, with a checkpoint, and a later
             call resumes with the same numbers. The model is in training mode; evaluating it
-            (:func:`~fvlib.training.evaluate.evaluate`) changes nothing of the run. The training explorer uses it to stop
-            within a step and to show extra evaluations early in a run.
+            (:func:`~fvlib.training.evaluate.evaluate`) changes nothing of the run. The
+            training explorer uses it to stop within a step and to show extra evaluations
+            early in a run.
 
     Returns:
         :class:`TrainResult`; ``final_loss`` is the excess loss on the evaluation set at the
@@ -442,9 +445,9 @@ def _train_run(run: TrainingRun, stop: int, progress: bool, callback, on_step=No
     if not run.history:
         run.record_eval()
     run.model.train()
-    bar = tqdm(
-        total=config.steps, initial=run.step, disable=not progress_shown(progress), desc=f"model {config.model}" + ("" if config.arch == DEFAULT_FAMILY else f" ({config.arch})"), leave=False
-    )
+    arch_note = "" if config.arch == DEFAULT_FAMILY else f" ({config.arch})"
+    bar = tqdm(total=config.steps, initial=run.step, disable=not progress_shown(progress),
+               desc=f"model {config.model}{arch_note}", leave=False)
     try:
         while run.step < stop:
             run.train_step()

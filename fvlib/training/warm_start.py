@@ -42,7 +42,8 @@ def is_router_parameter(name: str) -> bool:
     return name.startswith("blocks.")
 
 
-def greedy_targets(tree: TreePrior, g_hat: torch.Tensor, n_layers: int, tau2: float) -> tuple[torch.Tensor, torch.Tensor]:
+def greedy_targets(tree: TreePrior, g_hat: torch.Tensor, n_layers: int,
+                   tau2: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The greedy policy on statistics ``g_hat (B, D)``: its readings ``phis (B, L)`` and unit
     rows ``rows (B, L, D)`` (float64)."""
     with torch.no_grad():

@@ -7,8 +7,10 @@ import json
 import pytest
 from conftest import run_cli
 
-THEORY = ["theory", "--prior", "tree", "--depth", "4", "--alpha", "0.5", "--n-ctx", "64", "--noise-std", "0.1", "--budget", "4"]
-KEYS = {"tau2", "adaptive_greedy", "nonadaptive_coord", "lmmse", "gaussian_twin", "noisefree_adaptive", "noisefree_nonadaptive"}
+THEORY = ["theory", "--prior", "tree", "--depth", "4", "--alpha", "0.5", "--n-ctx", "64", "--noise-std", "0.1",
+          "--budget", "4"]
+KEYS = {"tau2", "adaptive_greedy", "nonadaptive_coord", "lmmse", "gaussian_twin", "noisefree_adaptive",
+        "noisefree_nonadaptive"}
 
 
 def test_theory_json_has_exactly_the_contract_keys():
@@ -21,7 +23,8 @@ def test_theory_json_has_exactly_the_contract_keys():
 
 
 def test_theory_optional_keys():
-    out = run_cli("theory", "--depth", "3", "--n-ctx", "128", "--budget", "2", "--samples", "300", "--dp", "--optimised", "--stderr", "--json")
+    out = run_cli("theory", "--depth", "3", "--n-ctx", "128", "--budget", "2", "--samples", "300",
+                  "--dp", "--optimised", "--stderr", "--json")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert {"nonadaptive_opt", "adaptive_opt", "dp_optimal", "dp_no_repeat", "stderr", "samples"} <= set(result)

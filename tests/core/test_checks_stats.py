@@ -65,7 +65,8 @@ def test_seed_budget_instance_and_tensor_checks():
             check_seed("seed", bad)
     assert check_budget("budget", 7, 3) == 7
     for bad in (0, 8, 2.0):
-        with pytest.raises(ValueError, match=rf"budget must be an integer in \[1, 7\] \(D = 2\^K - 1 at depth 3\), got {bad}"):
+        message = rf"budget must be an integer in \[1, 7\] \(D = 2\^K - 1 at depth 3\), got {bad}"
+        with pytest.raises(ValueError, match=message):
             check_budget("budget", bad, 3)
     with pytest.raises(ValueError, match="tree must be a dict or list, got str"):
         check_instance("tree", "x", (dict, list))

@@ -185,8 +185,9 @@ def _private_imports(name: str, source: str | None = None) -> list[tuple[str, st
 
 
 def test_the_private_import_check_sees_private_names():
-    source = ("from ..training.loop import _train_run, TrainConfig\nfrom .._checks import check_int\nfrom .. import _checks\n"
-              "import numpy as _np\nfrom torch import _C\n\ndef f():\n    from ..hooks import _names_filter\n")
+    source = ("from ..training.loop import _train_run, TrainConfig\nfrom .._checks import check_int\n"
+              "from .. import _checks\nimport numpy as _np\nfrom torch import _C\n\n"
+              "def f():\n    from ..hooks import _names_filter\n")
     assert _private_imports("fvlib.interventions.fake", source) == [
         ("fvlib.training.loop", "_train_run"), ("fvlib.hooks", "_names_filter")]
 

@@ -46,7 +46,8 @@ def test_dp_value_greedy_and_other_mistakes_fail():
     greedy = check_dp_value(lambda tree, L, tau: greedy_value(tree, L, tau))
     assert failed_with(greedy, "greedy", "greedy", "off-path")
     assert failed_with(check_dp_value(0.580), "greedy", "0.58", "0.5291")
-    assert failed_with(check_dp_value(lambda tree, L, tau: dp_right(tree, L, tau * tau)), "tau2_as_tau", "standard deviation")
+    tau_taken_as_variance = check_dp_value(lambda tree, L, tau: dp_right(tree, L, tau * tau))
+    assert failed_with(tau_taken_as_variance, "tau2_as_tau", "standard deviation")
     assert failed_with(check_dp_value(lambda tree, L, tau: tree.energy), "no_measurement", "prior risk")
     assert failed_with(check_dp_value(0.40), None, "below the optimum")
     with pytest.raises(ValueError, match="'abc'"):

@@ -41,7 +41,8 @@ def test_posterior_right_mean_and_probs():
 )
 def test_posterior_wrong_answers_are_named(student, diagnosis, words):
     result = check_posterior(student)
-    assert failed_with(result, diagnosis, "posterior mean of context", "coordinate", "yours", "expected", *words), result
+    expected_words = ("posterior mean of context", "coordinate", "yours", "expected", *words)
+    assert failed_with(result, diagnosis, *expected_words), result
 
 
 def test_posterior_unnormalised_probs():

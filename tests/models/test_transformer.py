@@ -140,7 +140,8 @@ def test_the_context_reaches_the_queries_only_through_the_workspace(kind, batch,
     phis = [hook_name("phi", l) for l in range(1, model.config.n_layers + 1)]
     _, phi_cache = model.run_with_cache(batch.x, batch.y, x_query, names_filter=phis)
     hooks = [(name, lambda t, hook: phi_cache[hook.name]) for name in phis]
-    torch.testing.assert_close(model.run_with_hooks(other.x, other.y, x_query, fwd_hooks=hooks), mine, rtol=1e-5, atol=1e-5)
+    phis_transplanted = model.run_with_hooks(other.x, other.y, x_query, fwd_hooks=hooks)
+    torch.testing.assert_close(phis_transplanted, mine, rtol=1e-5, atol=1e-5)
 
 
 def test_open_queries_read_the_context_directly(batch, x_query):

@@ -37,7 +37,8 @@ def sweep():
     tree = TreePrior(3, 0.5)
     names = ("adaptive_greedy", "lmmse")
     return {
-        ch: {n: evaluate_strategies(tree, n, 0.0, 3, samples=200, seed=n, channel=ch, strategies=names) for n in (8, 32)}
+        ch: {n: evaluate_strategies(tree, n, 0.0, 3, samples=200, seed=n, channel=ch, strategies=names)
+             for n in (8, 32)}
         for ch in ("finite", "gaussian")
     }
 

@@ -58,7 +58,8 @@ def test_statistic_sampler_has_the_law_of_the_explicit_sum():
     tree = TreePrior(3, 0.5)
     theta = tree.theta_from_signs(torch.tensor([[1, -1, 1]])).expand(60_000, -1)
     g = sample_statistic(theta, 16, 0.5, make_generator(3))
-    explicit = sample_task(tree, 60_000, 16, 0.5, make_generator(4), signs=torch.tensor([[1, -1, 1]]).expand(60_000, -1), dtype=torch.float64)
+    signs = torch.tensor([[1, -1, 1]]).expand(60_000, -1)
+    explicit = sample_task(tree, 60_000, 16, 0.5, make_generator(4), signs=signs, dtype=torch.float64)
     g2 = explicit.sufficient_statistic()
     W = torch.eye(7, dtype=torch.float64)
     exact_cov = finite_n_covariance(theta[0], W, 16, 0.5)
@@ -132,7 +133,8 @@ def test_small_noise_limits_match_noise_free_closed_forms(budget):
     greedy = run_greedy(tree, GaussianChannel(theta, tau, gen), budget, tau * tau)
     greedy_loss = (greedy.theta_hat - theta).pow(2).sum(-1).mean()
     assert greedy_loss == pytest.approx(noisefree_adaptive_loss(tree, budget), abs=0.01)
-    est = evaluate_strategies(tree, 10**7, 0.0, budget, samples=4000, seed=budget, strategies=("nonadaptive_coord",), channel="gaussian")
+    est = evaluate_strategies(tree, 10**7, 0.0, budget, samples=4000, seed=budget, strategies=("nonadaptive_coord",),
+                              channel="gaussian")
     band = 4 * est["nonadaptive_coord"].stderr + 1e-3
     assert abs(est["nonadaptive_coord"].mean - noisefree_nonadaptive_loss(tree, budget)) < band
 
@@ -210,7 +212,8 @@ def test_dp_reference_values_two_layers():
     assert greedy_value(tree, 3, 0.3) == pytest.approx(0.052, abs=0.002)
 
 
-@pytest.mark.parametrize("kwargs", [dict(tree=TreePrior(4, 0.5), n_layers=2, tau=0.3), dict(tree=TreePrior(3, 0.5), n_layers=0, tau=0.3),
+@pytest.mark.parametrize("kwargs", [dict(tree=TreePrior(4, 0.5), n_layers=2, tau=0.3),
+                                    dict(tree=TreePrior(3, 0.5), n_layers=0, tau=0.3),
                                     dict(tree=TreePrior(3, 0.5), n_layers=2, tau=0.0)])
 def test_dp_rejects_bad_arguments(kwargs):
     with pytest.raises(ValueError):
@@ -270,28 +273,35 @@ def _bad_theory_calls():
         ("theory_baselines budget", lambda: th.theory_baselines(t, 16, 0.0, 8), ["budget", "[1, 7]", "8"]),
         ("log_likelihood_nodes lists", lambda: th.log_likelihood_nodes(t, [[0, 1]], [[0.1, 0.2]], 0.1),
          ["nodes", "torch.Tensor", "list"]),
-        ("log_likelihood_nodes mismatch", lambda: th.log_likelihood_nodes(t, torch.zeros(2, 3, dtype=torch.long), phis, 0.1),
+        ("log_likelihood_nodes mismatch",
+         lambda: th.log_likelihood_nodes(t, torch.zeros(2, 3, dtype=torch.long), phis, 0.1),
          ["phis", "(2, 3)", "(2, 2)"]),
         ("log_likelihood_nodes float nodes", lambda: th.log_likelihood_nodes(t, phis, phis, 0.1), ["nodes", "integer"]),
         ("log_likelihood_nodes tau2", lambda: th.log_likelihood_nodes(t, long, phis, -1.0), ["tau2", "-1.0"]),
-        ("tree_posterior_mean shape", lambda: th.tree_posterior_mean(t, torch.ones(2, 7)), ["probs", "(*, 8)", "(2, 7)"]),
+        ("tree_posterior_mean shape", lambda: th.tree_posterior_mean(t, torch.ones(2, 7)),
+         ["probs", "(*, 8)", "(2, 7)"]),
         ("tree_posterior_cov shape", lambda: th.tree_posterior_cov(t, torch.ones(2, 6)), ["probs", "(2, 6)"]),
         ("node_masses shape", lambda: th.node_masses(t, torch.ones(2, 6)), ["probs", "(2, 6)"]),
         ("level_node_masses level", lambda: th.level_node_masses(t, torch.ones(2, 8) / 8, 9), ["level", "[0, 2]", "9"]),
         ("greedy_action log_w", lambda: th.greedy_action(t, torch.zeros(2, 7), 0), ["log_w", "(2, 7)"]),
         ("greedy_action step", lambda: th.greedy_action(t, torch.zeros(2, 8), 99), ["step", "[0, 6]", "99"]),
-        ("greedy_action measured", lambda: th.greedy_action(t, torch.zeros(2, 8), 3, torch.zeros(2, 6, dtype=torch.bool)),
+        ("greedy_action measured",
+         lambda: th.greedy_action(t, torch.zeros(2, 8), 3, torch.zeros(2, 6, dtype=torch.bool)),
          ["measured", "(2, 7)"]),
-        ("update_with_node mismatch", lambda: th.update_with_node(t, torch.zeros(2, 8), torch.zeros(3, dtype=torch.long),
-                                                                  torch.zeros(2), 0.1), ["nodes", "(3,)"]),
+        ("update_with_node mismatch",
+         lambda: th.update_with_node(t, torch.zeros(2, 8), torch.zeros(3, dtype=torch.long), torch.zeros(2), 0.1),
+         ["nodes", "(3,)"]),
         ("leaf_values_at float", lambda: th.leaf_values_at(t, torch.tensor([0.5])), ["nodes", "integer"]),
         ("uniform_log_weights batch", lambda: th.uniform_log_weights(t, -1), ["batch", "-1"]),
         ("posterior_probs list", lambda: th.posterior_probs([[0.0] * 8]), ["log_w", "list"]),
-        ("log_likelihood_directions Q", lambda: th.log_likelihood_directions(t, torch.eye(6, **f64), torch.zeros(1, 6, **f64), 0.1),
+        ("log_likelihood_directions Q",
+         lambda: th.log_likelihood_directions(t, torch.eye(6, **f64), torch.zeros(1, 6, **f64), 0.1),
          ["Q", "(6, 6)"]),
-        ("gaussian_coordinate_loss tau2", lambda: th.gaussian_coordinate_loss(t.node_variances, 3, -1.0), ["tau2", "-1.0"]),
+        ("gaussian_coordinate_loss tau2", lambda: th.gaussian_coordinate_loss(t.node_variances, 3, -1.0),
+         ["tau2", "-1.0"]),
         ("twin_finite_n_loss tau2", lambda: th.twin_finite_n_loss(t.node_variances, 3, 16, -1.0), ["tau2", "-1.0"]),
-        ("gaussian_posterior_cov tau2", lambda: th.gaussian_posterior_cov(torch.eye(3, **f64), torch.eye(3, **f64)[:2], -1.0),
+        ("gaussian_posterior_cov tau2",
+         lambda: th.gaussian_posterior_cov(torch.eye(3, **f64), torch.eye(3, **f64)[:2], -1.0),
          ["tau2", "-1.0"]),
         ("gaussian_posterior_cov W", lambda: th.gaussian_posterior_cov(torch.eye(3, **f64), torch.eye(4, **f64), 0.1),
          ["W", "(4, 4)"]),
@@ -301,10 +311,13 @@ def _bad_theory_calls():
         ("lmmse_decode_nodes tau2", lambda: th.lmmse_decode_nodes(t.node_variances, torch.arange(2), phis, -1.0),
          ["tau2", "-1.0"]),
         ("noisefree_adaptive_loss list", lambda: th.noisefree_adaptive_loss([1], 2), ["tree", "list"]),
-        ("sample_statistic list", lambda: th.sample_statistic([[1.0] * 7], 16, 0.0, torch.Generator()), ["theta", "list"]),
+        ("sample_statistic list", lambda: th.sample_statistic([[1.0] * 7], 16, 0.0, torch.Generator()),
+         ["theta", "list"]),
         ("GaussianChannel list", lambda: th.GaussianChannel([[0.0] * 7], 0.1, torch.Generator()), ["theta", "list"]),
-        ("FiniteSampleChannel W", lambda: th.FiniteSampleChannel(torch.zeros(2, 7)).measure(torch.zeros(2, 5)), ["W", "(2, 5)"]),
-        ("FiniteSampleChannel nodes", lambda: th.FiniteSampleChannel(torch.zeros(2, 7)).measure_nodes(torch.tensor([0, 7])),
+        ("FiniteSampleChannel W", lambda: th.FiniteSampleChannel(torch.zeros(2, 7)).measure(torch.zeros(2, 5)),
+         ["W", "(2, 5)"]),
+        ("FiniteSampleChannel nodes",
+         lambda: th.FiniteSampleChannel(torch.zeros(2, 7)).measure_nodes(torch.tensor([0, 7])),
          ["nodes", "[0, 6]"]),
         ("evaluate_strategies seed", lambda: th.evaluate_strategies(t, 16, 0.0, 2, samples=10, seed=10**23), ["seed"]),
         ("run_greedy channel", lambda: th.run_greedy(t, torch.zeros(2, 7), 2, 0.1), ["channel", "Tensor"]),

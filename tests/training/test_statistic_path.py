@@ -55,7 +55,8 @@ def test_the_sampler_has_the_law_of_the_token_sum(n_ctx, sigma, dim):
     slow = token_statistics(theta, n_ctx, sigma, samples, seed=2)
     cov = ((theta @ theta + sigma**2) * torch.eye(dim, dtype=torch.float64) + torch.outer(theta, theta)) / n_ctx
     u = theta / theta.norm()
-    perp = torch.linalg.qr(torch.stack([u, torch.randn(dim, dtype=torch.float64, generator=make_generator(5))], 1))[0][:, 1]
+    random_direction = torch.randn(dim, dtype=torch.float64, generator=make_generator(5))
+    perp = torch.linalg.qr(torch.stack([u, random_direction], 1))[0][:, 1]
     for g in (fast, slow):
         centred = g - theta
         assert ((g.mean(0) - theta).abs() < 5 * (torch.diagonal(cov) / samples).sqrt()).all()
@@ -71,7 +72,8 @@ def test_the_law_check_catches_a_gaussian_approximation():
     g at N = 1 (along theta, g is the product y a of two correlated normals)."""
     theta, samples = torch.tensor([1.0, -0.5, 0.25], dtype=torch.float64), 20_000
     cov = ((theta @ theta + 0.25) * torch.eye(3, dtype=torch.float64) + torch.outer(theta, theta))
-    gaussian = theta + torch.randn(samples, 3, dtype=torch.float64, generator=make_generator(3)) @ torch.linalg.cholesky(cov).T
+    noise = torch.randn(samples, 3, dtype=torch.float64, generator=make_generator(3))
+    gaussian = theta + noise @ torch.linalg.cholesky(cov).T
     slow = token_statistics(theta, 1, 0.5, samples, seed=2)
     u = theta / theta.norm()
     assert ks_distance(gaussian @ u, slow @ u) > ks_critical(samples, samples)
@@ -143,7 +145,8 @@ def test_a_model_gives_the_same_outputs_on_tokens_and_on_their_statistic(kind):
     batch = sample_task(tree, 256, 128, 0.2, make_generator(1))
     with torch.no_grad():
         torch.testing.assert_close(model(batch.pooled()), model(batch), rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(model.predict_theta(batch.pooled()), model.predict_theta(batch), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(model.predict_theta(batch.pooled()), model.predict_theta(batch),
+                                   rtol=1e-5, atol=1e-5)
         g = batch.sufficient_statistic()
         torch.testing.assert_close(model.forward_statistic(g, batch.x_query), model(batch), rtol=1e-5, atol=1e-5)
 

@@ -169,7 +169,8 @@ def test_run_dir_names_do_not_change():
     are left out of the hash), for the book's original recipe."""
     old = ORIGINAL_RECIPE
     assert run_dir_for(TrainConfig(**old), "r").name == "A-tree-K6-M6-N128-s3000-ad8cdb7a2b"
-    assert run_dir_for(TrainConfig(model="B", seed=3, steps=500, **old), "r").name == "B-tree-K6-M6-N128-s500-0ad8cd3eec"
+    config_b = TrainConfig(model="B", seed=3, steps=500, **old)
+    assert run_dir_for(config_b, "r").name == "B-tree-K6-M6-N128-s500-0ad8cd3eec"
     assert run_dir_for(TrainConfig(data_seed=0), "r") != run_dir_for(TrainConfig(), "r")
     assert run_dir_for(TrainConfig(data_seed=0), "r") != run_dir_for(TrainConfig(data_seed=1), "r")
     # the current defaults (another recipe) have their own directories; so has any warm-up
