@@ -3,8 +3,9 @@
 The library behind the executable textbook. Modules, in layers from the bottom up; a module
 imports only from the layers below it (``tests/test_import_layers.py`` checks this)::
 
-    _checks, stats            argument checks of the public entry points; squared error, mean and
-                              standard error, the relative gap of two estimates
+    _checks, stats, files     argument checks of the public entry points; squared error, mean and
+                              standard error, the relative gap of two estimates; files written in
+                              one step and the exclusive lock of run directories and result files
     workers                   worker processes that end with their parent
     priors                    the tree prior, Gaussian priors, the Gaussian twin
     task                      in-context regression contexts, labels and queries
