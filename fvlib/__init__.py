@@ -6,7 +6,7 @@ imports only from the layers below it (``tests/test_import_layers.py`` checks th
     _checks, stats, files     argument checks of the public entry points; squared error, mean and
                               standard error, the relative gap of two estimates; files written in
                               one step and the exclusive lock of run directories and result files
-    workers                   worker processes that end with their parent
+    workers                   the process pool, whose workers end with their parent
     priors                    the tree prior, Gaussian priors, the Gaussian twin
     task                      in-context regression contexts, labels and queries
     theory                    exact posteriors, strategies, dynamic programming, closed forms, fits,
@@ -20,13 +20,13 @@ imports only from the layers below it (``tests/test_import_layers.py`` checks th
                               checkpoints, evaluation beside theory, the imitation warm start
     interventions             key and state patching, the function-vector transplant, probes,
                               attention spread: written once, read out per model family
-    catalogue, analysis, reproduce
-                              the book's runs (shared runs, seeds, the depth sweep, the runs
+    catalogue, analysis       the book's runs (shared runs, seeds, the depth sweep, the runs
                               trained ahead of the chapters) and the loops that train them; the
                               chapters' analyses (Monte Carlo sweeps, inside trained models, the
-                              gap to the adaptive references); the CLI's reproduce command
-    store                     the book's long experiments as named, resumable jobs, stored in
-                              results/NAME.json with provenance, and their verification
+                              gap to the adaptive references)
+    experiments               the book's long experiments as named, resumable jobs, stored in
+                              results/NAME.json with provenance, and their verification; the CLI's
+                              reproduce command
     plots                     the book's figures, drawn from results (they compute nothing)
     explorers                 the explorers: their states and the grids of control values
                               embedded in the static book (no widget library), and the
@@ -45,7 +45,7 @@ from .task import TaskBatch, make_generator, sample_task  # noqa: E402
 
 # The heavier layers are imported on first use: ``fvlib.theory``, ``fvlib.models``,
 # ``fvlib.transformer``, ``fvlib.training``, ``fvlib.interventions``,
-# ``fvlib.catalogue``, ``fvlib.analysis``, ``fvlib.plots``, ``fvlib.explorers``.
+# ``fvlib.catalogue``, ``fvlib.analysis``, ``fvlib.experiments``, ``fvlib.plots``, ``fvlib.explorers``.
 
 __all__ = [
     "__version__",

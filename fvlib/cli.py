@@ -222,7 +222,7 @@ def _add_reproduce_parser(sub, name: str, help_text: str) -> None:
 
 def _add_experiment_parser(sub) -> None:
     """``experiment list|run|verify|show|warm|reproduce``: the book's experiments. The named
-    long ones are stored in ``results/`` (:mod:`fvlib.store`); ``warm`` trains the short runs
+    long ones are stored in ``results/`` (:mod:`fvlib.experiments`); ``warm`` trains the short runs
     the chapters train in the page build, ``reproduce`` writes the headline numbers as JSON."""
     experiment = sub.add_parser("experiment", help="the book's experiments: list, run, verify, show (stored, "
                                                    "long); warm (the chapters' own runs); reproduce (headline JSON)")
@@ -511,14 +511,14 @@ def _run_patch(args) -> dict:
 
 
 def _run_reproduce(args) -> dict:
-    from .reproduce import reproduce
+    from .experiments.reproduce import reproduce
 
     _writable_dir("--out", args.out)
     return reproduce(args.out, quick=args.quick, seed=args.seed, progress=not args.no_progress)
 
 
 def _experiment_name(name: str) -> str:
-    from .store import experiment_names
+    from .experiments import experiment_names
 
     if name not in experiment_names():
         raise CliError(f"unknown experiment {name!r}; choose from {', '.join(experiment_names())}")
@@ -526,7 +526,7 @@ def _experiment_name(name: str) -> str:
 
 
 def _run_experiment_list(args) -> dict:
-    from .store import EXPERIMENTS, estimate_seconds, provenance_summary, result_path
+    from .experiments import EXPERIMENTS, estimate_seconds, provenance_summary, result_path
 
     out = {}
     for name, e in EXPERIMENTS.items():
@@ -556,7 +556,7 @@ def _run_experiment_list(args) -> dict:
 
 
 def _run_experiment_run(args) -> dict:
-    from .store import run, summarise
+    from .experiments import run, summarise
     from .training import run_root
 
     name = _experiment_name(args.name)
@@ -569,7 +569,7 @@ def _run_experiment_run(args) -> dict:
 
 
 def _run_experiment_verify(args) -> dict:
-    from .store import verify
+    from .experiments import verify
 
     if args.runs != 1 and not args.full:
         raise CliError(f"--runs {args.runs} needs --full (the quick check retrains one prefix per model family)")
@@ -600,7 +600,7 @@ def _run_experiment_verify(args) -> dict:
 
 
 def _run_experiment_show(args) -> dict:
-    from .store import get_experiment, load_result, provenance_summary, runs_to_double, summarise
+    from .experiments import get_experiment, load_result, provenance_summary, runs_to_double, summarise
 
     data = load_result(_experiment_name(args.name))
     out = {"experiment": args.name, "description": data["description"], "stored_runs": len(data["runs"]),

@@ -14,14 +14,14 @@ and is what the tests exercise. Both train with the :class:`~fvlib.training.conf
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .interventions import key_patching_sweep
-from .priors import TreePrior
-from .theory import dp_value, greedy_value, theory_baselines, theory_patching_sweep
-from .training import TrainConfig, compare_with_theory, run_dir_for, train
+from ..files import write_json_atomic
+from ..interventions import key_patching_sweep
+from ..priors import TreePrior
+from ..theory import dp_value, greedy_value, theory_baselines, theory_patching_sweep
+from ..training import TrainConfig, compare_with_theory, run_dir_for, train
 
 __all__ = ["ReproduceConfig", "reproduce"]
 
@@ -46,7 +46,7 @@ class ReproduceConfig:
 
 def _write(out_dir: Path, name: str, data: dict) -> str:
     path = out_dir / name
-    path.write_text(json.dumps(data, indent=2))
+    write_json_atomic(path, data, indent=2)
     return str(path)
 
 
