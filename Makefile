@@ -105,12 +105,12 @@ test-html: $(STAMP)
 	@test -f "$(HTML)/index.html" || echo "note: $(HTML) is missing, run 'make book' first" >&2
 	$(BIN)/python -m pytest -m browser --durations=10 $(PYTEST_FLAGS) tests/test_book_html.py
 
-# The stored experiments (results/*.json, fvlib.store), the quick check: for each model family of
+# The stored experiments (results/*.json, fvlib.experiments), the quick check: for each model family of
 # each file, the first twentieth of its deepest stored run is retrained from its stored config and
 # compared with the stored history (within the tolerance the experiment's definition states), and
 # the theory references are re-evaluated from their stored parameters (results/NAME.theory.safetensors)
 # on the stored Monte Carlo seeds. Two files at a time; the time it adds is printed.
-# (Every stored config is also rebuilt, by tests/test_store.py in test-lib.)
+# (Every stored config is also rebuilt, by tests/experiments/test_runner.py in test-lib.)
 EXPERIMENTS = $(sort $(basename $(notdir $(wildcard results/*.json))))
 test-experiments: $(STAMP)
 	@start=$$(date +%s); \
@@ -118,7 +118,7 @@ test-experiments: $(STAMP)
 	echo "verifying the stored experiments (quick check) took $$(( $$(date +%s) - start )) s"
 
 # The full verification (CI runs it after make test): each file's cheapest run retrained to the end
-# as it was stored (in its stack), compared by the file's tolerance_rule, and the optimised references
+# as it was stored (in its stack), compared by the file's rules/tolerance, and the optimised references
 # re-optimised for information (reported with the CPU, never judged). Prints each experiment's time.
 verify-experiments: $(STAMP)
 	@start=$$(date +%s); \
