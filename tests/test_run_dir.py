@@ -391,8 +391,8 @@ def no_work(tmp_path, monkeypatch):
         pytest.fail("the command started its work")
 
     monkeypatch.setenv("FVLIB_RESULTS_DIR", str(tmp_path / "results"))
-    for target in ("fvlib.training.train", "fvlib.catalogue.train_parallel", "fvlib.reproduce.reproduce",
-                   "fvlib.store.run"):
+    for target in ("fvlib.training.train", "fvlib.catalogue.train_parallel", "fvlib.experiments.reproduce.reproduce",
+                   "fvlib.experiments.run"):
         monkeypatch.setattr(target, work)
 
 

@@ -139,7 +139,7 @@ class TheoryParams:
     def _read(self, name: str) -> torch.Tensor:
         if name not in self.stored:
             raise ResultError(f"{self.path} holds no {name!r} (parameters of another definition?); recompute "
-                              f"them with fvlib.store.refresh_theory")
+                              f"them with fvlib.experiments.refresh_theory")
         return self.stored[name]
 
     def described(self) -> dict:

@@ -1,4 +1,4 @@
-"""fvlib.store: the named experiments, their result files, resume, verification, the CLI."""
+"""fvlib.experiments: the named experiments, their result files, resume, verification, the CLI."""
 
 import json
 import subprocess
