@@ -28,19 +28,54 @@ The chapters' in-build runs (``inbuild``) and a trained model beside the theory
 :mod:`fvlib.files`.
 """
 
-from .definitions import (EXPERIMENTS, RECIPE_STEPS, TRANSFORMER_RECIPE_STEPS, Experiment, Run, estimate_seconds,
-                          experiment_names, get_experiment, run_key)
+from .definitions import (
+                          EXPERIMENTS,
+                          RECIPE_STEPS,
+                          TRANSFORMER_RECIPE_STEPS,
+                          Experiment,
+                          Run,
+                          estimate_seconds,
+                          experiment_names,
+                          get_experiment,
+                          run_key,
+)
 from .provenance import provenance, provenance_line, provenance_summary
-from .readers import (attempt_loss, decay_fits, depth_sweep_of, point_rows, summarise, sweep_table_rows,
-                      theory_curves)
+from .readers import (
+                          attempt_loss,
+                          decay_fits,
+                          depth_sweep_of,
+                          point_rows,
+                          summarise,
+                          sweep_table_rows,
+                          theory_curves,
+)
 from .records import ResultError, ResultFile, RunRecord
 from .references import OPTIMISER_STARTS, SELECTION_SEED, THEORY_SAMPLES, TheoryParams
-from .rules import (CHOOSING_STRATEGIES, CONVERGENCE_DROP, FAILURE_COORD_FRACTION, FAILURE_RULE, MAX_DOUBLINGS,
-                    PREFIX_RTOL, PREFIX_RULE, THEORY_TOLERANCE_RULE, TOLERANCE_RULE, converged, doubling_gain, failed,
-                    last_fifth_drop, runs_to_double)
+from .rules import (
+                          CHOOSING_STRATEGIES,
+                          CONVERGENCE_DROP,
+                          FAILURE_COORD_FRACTION,
+                          FAILURE_RULE,
+                          MAX_DOUBLINGS,
+                          PREFIX_RTOL,
+                          PREFIX_RULE,
+                          THEORY_TOLERANCE_RULE,
+                          TOLERANCE_RULE,
+                          converged,
+                          doubling_gain,
+                          failed,
+                          last_fifth_drop,
+                          runs_to_double,
+)
 from .runner import GAP_CONTEXTS, refresh_theory, run, stored
-from .storage import (load_result, load_theory_params, read_result, result_path, results_dir,
-                      theory_params_path)
+from .storage import (
+                          load_result,
+                          load_theory_params,
+                          read_result,
+                          result_path,
+                          results_dir,
+                          theory_params_path,
+)
 from .verify import prefix_runs, theory_differences, verify
 
 __all__ = [

@@ -13,7 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from ..training import (IMITATION_RECIPE, RECIPE, TRANSFORMER_RECIPE, TrainConfig, curriculum_start, recipe_for)
+from ..training import (
+    IMITATION_RECIPE,
+    RECIPE,
+    TRANSFORMER_RECIPE,
+    TrainConfig,
+    curriculum_start,
+    recipe_for,
+)
 from .references import TheoryParams, recipes_theory, reference_theory, tree_theory
 from .rules import MAX_DOUBLINGS, PREFIX_RTOL
 

@@ -19,9 +19,18 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ..priors import TreePrior
-from ..theory import (OptimisedPolicy, best_fixed_nodes, channel_tau2, evaluate_strategies, noisefree_adaptive_loss,
-                      noisefree_nodes_loss, optimise_adaptive_policy, optimise_directions, policy_from_state,
-                      policy_state)
+from ..theory import (
+    OptimisedPolicy,
+    best_fixed_nodes,
+    channel_tau2,
+    evaluate_strategies,
+    noisefree_adaptive_loss,
+    noisefree_nodes_loss,
+    optimise_adaptive_policy,
+    optimise_directions,
+    policy_from_state,
+    policy_state,
+)
 from ..training import MATCHING_BASELINE, TrainConfig, theory_reference
 from ..training.config import build_prior
 from .records import ResultError

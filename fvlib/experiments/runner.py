@@ -31,17 +31,30 @@ import torch
 from tqdm.auto import tqdm
 
 from ..analysis import gap_table, greedy_paired
-from ..training import EVAL_SEED_OFFSET, TrainConfig, resolve_device, run_dir_for, train_many
+from ..training import (
+    EVAL_SEED_OFFSET,
+    TrainConfig,
+    resolve_device,
+    run_dir_for,
+    train_many,
+)
 from ..training.checkpoint import load_history
 from ..training.rundir import RunDirError, has_checkpoint
-from .definitions import Experiment, Run, estimate_seconds, get_experiment
 from ..workers import worker_pool
+from .definitions import Experiment, Run, estimate_seconds, get_experiment
 from .provenance import git_commit, provenance, provenances_of
 from .records import Provenance, ResultFile, RunRecord, new_result, theory_kind
 from .references import TheoryParams
 from .rules import converged, may_double, runs_to_double
-from .storage import (load_result, read_result, result_lock, result_path, theory_params_path, write_result,
-                      write_theory_params)
+from .storage import (
+    load_result,
+    read_result,
+    result_lock,
+    result_path,
+    theory_params_path,
+    write_result,
+    write_theory_params,
+)
 
 __all__ = ["GAP_CONTEXTS", "refresh_theory", "run", "stored"]
 

@@ -1,9 +1,9 @@
 """fvlib.experiments: the named experiments, their result files, resume, verification, the CLI."""
 
 import json
+import re
 import subprocess
 import sys
-import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,7 +22,7 @@ from fvlib.training import ADDED_FIELDS, TrainConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "results"
 
 
 def _tiny_item(variant, prior, seeds, steps=40):
@@ -368,10 +368,11 @@ def _sweep_result(losses: dict, theory: dict) -> dict:
     for (variant, budget, seed), loss in losses.items():
         key = experiments.run_key(variant, "tree", budget, seed)
         runs[key] = {"key": key, "variant": variant, "prior": "tree", "budget": budget, "seed": seed,
-                     "final_loss": loss, "final_stderr": 0.01 * loss, "converged": True, "steps": 100,
+                     "config": {"model": variant[0], "arch": "constrained"}, "final_loss": loss, "final_stderr": 0.01 * loss, "converged": True, "steps": 100,
                      "attempts": [{"steps": 100, "final_loss": loss, "converged": True}],
                      "history": [{"step": 80, "eval_excess_loss": loss}, {"step": 100, "eval_excess_loss": loss}]}
-    return {"experiment": "x", "planned_runs": list(runs), "runs": runs, "theory": theory}
+    return {"experiment": "x", "planned_runs": list(runs), "runs": runs, "theory_kind": "depth-sweep",
+            "theory": theory}
 
 
 def test_decay_fits_recover_an_exponential_and_a_power_law():
@@ -417,9 +418,9 @@ def test_failed_runs_by_the_rule_and_point_rows_without_them():
     assert [experiments.failed(data, r) for r in data["runs"].values()] == [False, True, False]
     (row,) = experiments.point_rows(data)
     assert row["failed"] == [1] and row["mean_ok"] == pytest.approx(0.11)
-    refs = {"theory": {"A/gaussian-twin": {"value": 0.4}, "C/tree": {"value": 0.37},
-                       "tree": {"nonadaptive_coord": {"mean": 0.3}}}}
-    record = {"prior": "gaussian-twin", "budget": 4, "final_loss": 0.61, "config": {"model": "A"}}
+    refs = {"theory_kind": "references", "theory": {"A/gaussian-twin": {"value": 0.4}, "C/tree": {"value": 0.37},
+                                                    "tree": {"nonadaptive_coord": {"mean": 0.3}}}}
+    record = {"prior": "gaussian-twin", "budget": 4, "final_loss": 0.61, "config": {"model": "A", "arch": "constrained"}}
     assert experiments.failed(refs, record) and not experiments.failed(refs, {**record, "final_loss": 0.59})
     linear = {"prior": "tree", "budget": 4, "final_loss": 0.38, "config": {"model": "C", "arch": "constrained"}}
     assert not experiments.failed(refs, linear)  # C is measured against LMMSE, not the coordinates
@@ -495,8 +496,8 @@ def test_failure_rule_reads_a_theory_kept_per_budget():
     """recipes-a keeps one reference set per task, by budget: a run fails when it does not end
     10% below the heap-order coordinates of its own budget."""
     theory = {"M5": {"nonadaptive_coord": {"mean": 0.2}}, "M6": {"nonadaptive_coord": {"mean": 0.1}}}
-    data = {"theory": theory}
-    run = {"prior": "tree", "budget": 6, "config": {"model": "A"}}
+    data = {"theory_kind": "per-budget", "theory": theory}
+    run = {"prior": "tree", "budget": 6, "config": {"model": "A", "arch": "constrained"}}
     assert not experiments.failed(data, {**run, "final_loss": 0.05})
     assert experiments.failed(data, {**run, "final_loss": 0.095})
     assert not experiments.failed(data, {**run, "budget": 5, "final_loss": 0.095})
@@ -505,7 +506,7 @@ def test_failure_rule_reads_a_theory_kept_per_budget():
 def test_the_readme_store_table_is_the_stored_provenance():
     """Each row of the README's table of stored experiments states what ``results/NAME.json``
     holds: the runs stored out of those planned, and the CPU hours of its provenance."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     rows = re.findall(r"^\| `([a-z0-9-]+)` \| \d+ \| (\d+) of (\d+) \| ([\d.]+)", (root / "README.md").read_text(),
                       flags=re.M)
     assert {name for name, *_ in rows} == set(experiments.experiment_names())
