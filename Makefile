@@ -1,7 +1,7 @@
 # Build and test the executable textbook.
 #
 #   make book   create .venv if needed, run every chapter, write the HTML to _build/html
-#   make test   fvlib's tests, every notebook through nbval, the rendered pages in Chromium,
+#   make test   ruff, fvlib's tests, every notebook through nbval, the rendered pages in Chromium,
 #               and the stored experiments' quick check (results/*.json)
 #   make verify-experiments   the stored experiments retrained in full (CI runs it after make test)
 #   make clean  remove build outputs (keeps .venv); make distclean also removes .venv
@@ -23,7 +23,7 @@ NOTEBOOKS := $(sort $(wildcard book/*.ipynb book/*/*.ipynb))
 NBVAL_CELL_TIMEOUT ?= 1200
 PYTEST_FLAGS ?=
 
-.PHONY: help venv book test test-lib test-notebooks test-html test-experiments verify-experiments clean distclean
+.PHONY: help venv book test lint test-lib test-notebooks test-html test-experiments verify-experiments clean distclean
 
 help:
 	@echo "make book   - run every chapter and build the HTML book into $(HTML)"
@@ -75,7 +75,11 @@ book: $(STAMP)
 	@echo "The book is in $(HTML)/index.html"
 
 # ---------------------------------------------------------------------------------------
-test: test-lib test-notebooks test-html test-experiments
+test: lint test-lib test-notebooks test-html test-experiments
+
+# The linter (ruff, configured in pyproject.toml): fvlib, its tests, scripts and benchmarks.
+lint: $(STAMP)
+	$(BIN)/ruff check fvlib tests scripts benchmarks
 
 # fvlib's unit tests (everything in tests/ except the browser test); each pytest run prints its
 # ten slowest tests (--durations=10). PYTEST_FLAGS='-m "not slow"' skips the longest ones
@@ -105,12 +109,12 @@ test-html: $(STAMP)
 	@test -f "$(HTML)/index.html" || echo "note: $(HTML) is missing, run 'make book' first" >&2
 	$(BIN)/python -m pytest -m browser --durations=10 $(PYTEST_FLAGS) tests/book/test_book_html.py
 
-# The stored experiments (results/*.json, fvlib.store), the quick check: for each model family of
+# The stored experiments (results/*.json, fvlib.experiments), the quick check: for each model family of
 # each file, the first twentieth of its deepest stored run is retrained from its stored config and
 # compared with the stored history (within the tolerance the experiment's definition states), and
 # the theory references are re-evaluated from their stored parameters (results/NAME.theory.safetensors)
 # on the stored Monte Carlo seeds. Two files at a time; the time it adds is printed.
-# (Every stored config is also rebuilt, by tests/test_store.py in test-lib.)
+# (Every stored config is also rebuilt, by tests/experiments/test_runner.py in test-lib.)
 EXPERIMENTS = $(sort $(basename $(notdir $(wildcard results/*.json))))
 test-experiments: $(STAMP)
 	@start=$$(date +%s); \
@@ -118,7 +122,7 @@ test-experiments: $(STAMP)
 	echo "verifying the stored experiments (quick check) took $$(( $$(date +%s) - start )) s"
 
 # The full verification (CI runs it after make test): each file's cheapest run retrained to the end
-# as it was stored (in its stack), compared by the file's tolerance_rule, and the optimised references
+# as it was stored (in its stack), compared by the file's rules/tolerance, and the optimised references
 # re-optimised for information (reported with the CPU, never judged). Prints each experiment's time.
 verify-experiments: $(STAMP)
 	@start=$$(date +%s); \

@@ -3,10 +3,12 @@
 The library behind the executable textbook. Modules, in layers from the bottom up; a module
 imports only from the layers below it (``tests/core/test_import_layers.py`` checks this)::
 
-    _checks, stats, registry  argument checks of the public entry points; squared error, mean and
+    _checks, stats, registry, files
+                              argument checks of the public entry points; squared error, mean and
                               standard error, the relative gap of two estimates; one registry of
-                              named kinds (priors, model families, strategies)
-    workers                   worker processes that end with their parent
+                              named kinds (priors, model families, strategies); files written in
+                              one step and the exclusive lock of run directories and result files
+    workers                   the process pool, whose workers end with their parent
     priors                    the tree prior, Gaussian priors, the Gaussian twin; the registry of
                               prior kinds
     task                      in-context regression contexts, labels and queries
@@ -24,13 +26,10 @@ imports only from the layers below it (``tests/core/test_import_layers.py`` chec
     interventions             key and state patching, the function-vector transplant, probes,
                               what the router measures, attention spread: written once, read out
                               per model family
-    experiments               the book's in-build runs (shared runs, seeds, the depth sweep, the
-                              runs trained ahead of the chapters) and the loops that train them;
-                              a trained model beside the theory (matching baselines, greedy on
-                              the same contexts, the gap to the adaptive references)
-    reproduce                 the CLI's reproduce command
-    store                     the book's long experiments as named, resumable jobs, stored in
-                              results/NAME.json with provenance, and their verification
+    experiments               the book's in-build runs and the loops that train them; a trained
+                              model beside the theory; the long experiments as named, resumable
+                              jobs stored in results/NAME.json with provenance, their rules,
+                              typed records and verification; the CLI's reproduce command
     plots                     the book's figures, drawn from results (they compute nothing)
     explorers                 the explorers: their states and the grids of control values
                               embedded in the static book (no widget library), and the

@@ -1,8 +1,10 @@
 """Worker processes that end when the process that started them ends, however it ends.
 
-:func:`worker_pool` is the ``multiprocessing`` pool (``spawn`` start method) of
+:func:`worker_pool` is the one process pool of fvlib: a
+:class:`concurrent.futures.ProcessPoolExecutor` (``spawn`` start method: a forked copy of a
+process whose torch threads hold locks can hang), behind :meth:`WorkerPool.imap_unordered`, of
 :func:`fvlib.experiments.inbuild.train_parallel` (``python -m fvlib warm``) and of
-:func:`fvlib.store.run` (``python -m fvlib experiment run --jobs``):
+:func:`fvlib.experiments.run` (``python -m fvlib experiment run --jobs``):
 
 * each worker asks the kernel to kill it when its parent dies (Linux: ``prctl(PR_SET_PDEATHSIG)``
   through ``ctypes``); elsewhere a thread of the worker checks ``os.getppid()`` every
@@ -25,9 +27,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
 
-__all__ = ["worker_pool"]
+__all__ = ["WorkerPool", "end_with_parent", "worker_pool"]
 
 #: ``prctl`` option: the signal the calling process gets when its parent thread dies (Linux).
 PR_SET_PDEATHSIG = 1
@@ -66,16 +69,44 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
 
+class WorkerPool:
+    """The workers of :func:`worker_pool`: a ``ProcessPoolExecutor`` whose workers end with their parent."""
+
+    def __init__(self, executor: ProcessPoolExecutor):
+        self.executor = executor
+
+    def imap_unordered(self, function: Callable, items: Iterable) -> Iterator:
+        """``function(item)`` of every item (a picklable module-level function), computed by the
+        workers, yielded as each finishes; a worker's exception is raised here."""
+        futures = [self.executor.submit(function, item) for item in items]
+        for future in as_completed(futures):
+            yield future.result()
+
+    def terminate(self) -> None:
+        """End the workers now (what is running is lost) and the executor with them."""
+        for process in list((self.executor._processes or {}).values()):  # the executor names no public way
+            process.terminate()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
 @contextlib.contextmanager
-def worker_pool(processes: int) -> Iterator[multiprocessing.pool.Pool]:
-    """A ``spawn`` pool of ``processes`` workers that end with this process (module docs);
-    leaving the ``with`` block terminates them."""
+def worker_pool(processes: int) -> Iterator[WorkerPool]:
+    """A pool of ``processes`` ``spawn`` workers that end with this process (module docs);
+    leaving the ``with`` block waits for them, leaving it by an exception (``SIGTERM``, Ctrl-C,
+    a worker's error) terminates them."""
     context = multiprocessing.get_context("spawn")
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main else None
+    executor = ProcessPoolExecutor(processes, mp_context=context, initializer=end_with_parent,
+                                   initargs=(os.getpid(),))
+    pool = WorkerPool(executor)
     try:
-        with context.Pool(processes, initializer=end_with_parent, initargs=(os.getpid(),)) as pool:
-            yield pool  # Pool.__exit__ terminates the workers
+        yield pool
+    except BaseException:
+        pool.terminate()
+        raise
+    else:
+        executor.shutdown(wait=True)
     finally:
         if main and previous is not None:  # None: a handler set outside Python, left alone
             signal.signal(signal.SIGTERM, previous)

@@ -1,8 +1,8 @@
 """The subcommands of the command line: one function each, from the parsed arguments to the
 result that :func:`fvlib.cli.main` prints (a dict: one JSON object with ``--json``, else one
 ``key  value`` line per entry). Each refuses bad input (:class:`CliError`, one line) before any
-work. The book's experiments (:mod:`fvlib.store`, :mod:`fvlib.experiments.inbuild`, :mod:`fvlib.experiments.beside_theory`,
-:mod:`fvlib.reproduce`) are called through their modules; the computing layers (theory,
+work. The book's experiments (:mod:`fvlib.experiments` and its modules ``inbuild``,
+``beside_theory``, ``reproduce``) are called through their modules; the computing layers (theory,
 training, interventions) are imported when a subcommand runs.
 """
 
@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import math
 
-from .. import store
+from .. import experiments
 from ..experiments import beside_theory, inbuild
+from ..experiments import reproduce as headline
 from ..families import get_family
 from ..priors import get_prior_kind
-from .. import reproduce as headline
 from .limits import CliError, check_theory_args, check_train_memory, check_writable_dir
 from .train_flags import train_config
 
@@ -179,7 +179,7 @@ def patch(args) -> dict:
 
 
 def reproduce(args) -> dict:
-    """The book's headline results as JSON files in ``--out`` (:func:`fvlib.reproduce.reproduce`)."""
+    """The book's headline results as JSON files in ``--out`` (:func:`fvlib.experiments.reproduce.reproduce`)."""
 
     check_writable_dir("--out", args.out)
     return headline.reproduce(args.out, quick=args.quick, seed=args.seed, progress=not args.no_progress)
@@ -187,36 +187,37 @@ def reproduce(args) -> dict:
 
 def _experiment_name(name: str) -> str:
 
-    if name not in store.experiment_names():
-        raise CliError(f"unknown experiment {name!r}; choose from {', '.join(store.experiment_names())}")
+    if name not in experiments.experiment_names():
+        raise CliError(f"unknown experiment {name!r}; choose from {', '.join(experiments.experiment_names())}")
     return name
 
 
 def _stored(name: str) -> tuple[dict, float]:
     """The runs stored in ``results/NAME.json`` and the CPU seconds they took (none if unreadable)."""
 
-    path = store.result_path(name)
+    path = experiments.result_path(name)
     if not path.is_file():
         return {}, 0.0
     try:
         data = json.loads(path.read_text())
-        return data.get("runs", {}), store.provenance_summary(data).get("cpu_seconds", 0.0)
+        return data.get("runs", {}), experiments.provenance_summary(data).get("cpu_seconds", 0.0)
     except (OSError, ValueError, KeyError, TypeError):
         return {}, 0.0
 
 
 def experiment_list(args) -> dict:
-    """Every named experiment of :mod:`fvlib.store`: its size, its stored runs and its cost."""
+    """Every named experiment of :mod:`fvlib.experiments`: its size, its stored runs and its cost."""
 
     out = {}
-    for name, e in store.EXPERIMENTS.items():
+    for name, e in experiments.EXPERIMENTS.items():
         runs, spent = _stored(name)
         left = [r for r in e.runs if r.key not in runs]
         out[name] = {"description": e.description, "chapter": e.chapter, "runs": len(e.runs),
                      "stored_runs": len(e.runs) - len(left), "work_items": len(e.items),
-                     "estimated_cpu_minutes": round(sum(store.estimate_seconds(r.config) for r in e.runs) / 60, 1),
+                     "estimated_cpu_minutes": round(sum(experiments.estimate_seconds(r.config) for r in e.runs) / 60,
+                                                    1),
                      "stored_cpu_minutes": round(spent / 60, 1),
-                     "remaining_cpu_minutes": round(sum(store.estimate_seconds(r.config) for r in left) / 60, 1),
+                     "remaining_cpu_minutes": round(sum(experiments.estimate_seconds(r.config) for r in left) / 60, 1),
                      "max_doublings": e.max_doublings}
     if args.json:
         return {"experiments": out}
@@ -228,25 +229,25 @@ def experiment_list(args) -> dict:
 
 
 def experiment_run(args) -> dict:
-    """Train an experiment's missing runs into ``results/NAME.json`` (:func:`fvlib.store.run`)."""
+    """Train an experiment's missing runs into ``results/NAME.json`` (:func:`fvlib.experiments.run`)."""
     from ..training import run_root
 
     name = _experiment_name(args.name)
     check_writable_dir("--root", run_root(args.root))
-    data = store.run(name, device=args.device, jobs=args.jobs, root=args.root,
+    data = experiments.run(name, device=args.device, jobs=args.jobs, root=args.root,
                      progress=not args.no_progress, max_items=args.max_items, refresh_theory=args.refresh_theory)
     return {"experiment": args.name, "stored_runs": len(data["runs"]), "planned_runs": len(data["planned_runs"]),
             "not_converged": sum(not r["converged"] for r in data["runs"].values()),
-            **({"summary": store.summarise(data)} if args.json else {})}
+            **({"summary": experiments.summarise(data)} if args.json else {})}
 
 
 def experiment_verify(args) -> dict:
-    """Retrain and re-evaluate an experiment against its stored results (:func:`fvlib.store.verify`);
+    """Retrain and re-evaluate an experiment against its stored results (:func:`fvlib.experiments.verify`);
     a result that does not reproduce is a one-line error."""
 
     if args.runs != 1 and not args.full:
         raise CliError(f"--runs {args.runs} needs --full (the quick check retrains one prefix per model family)")
-    result = store.verify(_experiment_name(args.name), runs=args.runs, theory=not args.no_theory, full=args.full)
+    result = experiments.verify(_experiment_name(args.name), runs=args.runs, theory=not args.no_theory, full=args.full)
     if not result["ok"]:
         raise CliError(f"experiment {args.name} does not reproduce: {'; '.join(_verify_failures(result, args.name))}")
     if args.json:
@@ -264,7 +265,7 @@ def experiment_verify(args) -> dict:
 
 
 def _verify_failures(result: dict, name: str) -> list[str]:
-    """What of a failed :func:`fvlib.store.verify` did not reproduce, one phrase each."""
+    """What of a failed :func:`fvlib.experiments.verify` did not reproduce, one phrase each."""
     detail = [f"{c['key']}: stored {c['stored']:.6g}, retrained {c['retrained']:.6g} at step {c['steps']}, "
               f"tolerance {c['tolerance']:.3g}" + (" (relative)" if result["mode"] == "prefix" else "")
               for c in result["checked"] if not c["ok"]]
@@ -280,15 +281,15 @@ def _verify_failures(result: dict, name: str) -> list[str]:
 def experiment_show(args) -> dict:
     """The stored summary and provenance of an experiment."""
 
-    data = store.load_result(_experiment_name(args.name))
+    data = experiments.load_result(_experiment_name(args.name))
     out = {"experiment": args.name, "description": data["description"], "stored_runs": len(data["runs"]),
            "planned_runs": len(data["planned_runs"]),
            # runs still falling that the definition allows to double again (`experiment run`)
-           "runs_to_double": len(store.runs_to_double(data, store.get_experiment(args.name))),
-           "provenance": store.provenance_summary(data)}
+           "runs_to_double": len(experiments.runs_to_double(data, experiments.get_experiment(args.name))),
+           "provenance": experiments.provenance_summary(data)}
     if args.json:
-        return {**out, "summary": store.summarise(data), "theory": data["theory"]}
-    for row in store.summarise(data):
+        return {**out, "summary": experiments.summarise(data), "theory": data["theory"]}
+    for row in experiments.summarise(data):
         ratio = f", x{row['ratio_mean']:.2f} greedy" if "ratio_mean" in row else ""
         out[f"{row['variant']} {row['prior']} M={row['budget']}"] = (
             f"{row['mean']:.4g} +- {row['stderr']:.2g} (seeds {row['seeds']}, spread {row['spread']:.2g}, "

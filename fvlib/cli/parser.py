@@ -123,7 +123,7 @@ def _add_reproduce_parser(sub, name: str, help_text: str) -> None:
 
 def _add_experiment_parser(sub) -> None:
     """``experiment list|run|verify|show|warm|reproduce``: the book's experiments. The named
-    long ones are stored in ``results/`` (:mod:`fvlib.store`); ``warm`` trains the short runs
+    long ones are stored in ``results/`` (:mod:`fvlib.experiments`); ``warm`` trains the short runs
     the chapters train in the page build, ``reproduce`` writes the headline numbers as JSON."""
     experiment = sub.add_parser("experiment", help="the book's experiments: list, run, verify, show (stored, "
                                                    "long); warm (the chapters' own runs); reproduce (headline JSON)")

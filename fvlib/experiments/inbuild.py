@@ -194,7 +194,7 @@ def transformer_chapter_configs(device: str = "auto") -> list[TrainConfig]:
     """Chapter 11's in-build runs (:data:`TRANSFORMER_CHAPTER`): the bottlenecked A' and B' on
     the tree and its twin at every seed, then the open A' on both priors at every seed, in that
     order (model, prior, seed). (Its larger setting, K = 4, is the stored experiment
-    ``transformers-k4`` of :mod:`fvlib.store`.)"""
+    ``transformers-k4`` of :mod:`fvlib.experiments`.)"""
     setting = TRANSFORMER_CHAPTER
     priors, seeds = ("tree", "gaussian-twin"), setting["seeds"]
     configs = [TrainConfig(arch="transformer", model=kind, prior=prior, seed=seed, device=device,
@@ -217,7 +217,7 @@ def warm_work() -> list:
     (:func:`imitation_config`, :func:`learning_config`), the six
     shared runs alone (model A first) and chapter 11's transformers
     (:func:`transformer_chapter_configs`): the longest first. (Chapter 8's depth sweep is a
-    stored experiment, ``depth-sweep-k6`` of :mod:`fvlib.store`, which no page build trains.)
+    stored experiment, ``depth-sweep-k6`` of :mod:`fvlib.experiments`, which no page build trains.)
     """
     shared = shared_configs()
     _, _, seeds_batch = seed_plan(shared, SHARED_SEEDS)

@@ -39,7 +39,7 @@ def palette(*names: str) -> tuple[str, ...]:
 #: One colour per model, used by every figure of the experiment chapters and the explorers.
 MODEL_COLORS = {"A": OKABE_ITO["green"], "B": OKABE_ITO["orange"], "C": OKABE_ITO["blue"]}
 
-#: Colour, marker and legend text of the variants of the stored experiments (:mod:`fvlib.store`):
+#: Colour, marker and legend text of the variants of the stored experiments (:mod:`fvlib.experiments`):
 #: model A trained from scratch (RECIPE or the learning recipe) and model A that first imitates the
 #: greedy policy.
 VARIANT_STYLES = {

@@ -12,7 +12,7 @@ A run directory (:func:`fvlib.training.loop.train`, :func:`fvlib.training.batche
 **One checkpoint, one step.** :func:`commit` writes checkpoint ``s`` in three steps:
 
 1. *stage*: each new file is written beside its place as ``NAME.next`` (flushed to disk);
-2. *commit*: ``manifest.json`` is replaced atomically (temporary file + ``os.replace``);
+2. *commit*: ``manifest.json`` is replaced atomically (:func:`fvlib.files.write_atomic`);
    from here on ``s`` is the run's checkpoint;
 3. *install*: each ``NAME.next`` is renamed to ``NAME``.
 
@@ -26,8 +26,9 @@ every file against the manifest and names the first that differs, is missing or 
 read as they are (the caller checks what it can: the files agree on the step, the weights are
 finite and fit the config) and the first checkpoint written into them adds a manifest.
 
-**Lock.** :class:`RunLock` takes an exclusive ``flock`` on ``run.lock`` while a run is
-trained. A second process that opens the same run waits for the first to finish (it says so
+**Lock.** :class:`RunLock` takes an exclusive lock (:class:`fvlib.files.ExclusiveLock`, an
+OS-level ``flock`` that a dying process releases) on ``run.lock`` while a run is trained. A
+second process that opens the same run waits for the first to finish (it says so
 on stderr, once), then resumes or reloads what the first left: training is deterministic, so
 the numbers are the same. The same process opening a run twice is refused (it would wait on
 itself). Readers (:func:`fvlib.training.checkpoint.load_run`) take no lock: the manifest tells them which
@@ -39,20 +40,15 @@ Nothing is unpickled: tensors go through safetensors, the rest through JSON.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
-import sys
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-try:
-    import fcntl
-except ImportError:  # not a POSIX system: runs are not locked
-    fcntl = None
+from .. import files as disk
 
 __all__ = [
     "CONFIG_FILE",
@@ -100,19 +96,6 @@ class CheckpointWriteError(RunDirError):
 # ----------------------------------------------------------------------------------------
 # Writing files
 # ----------------------------------------------------------------------------------------
-def _write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` and flush it to disk (the one place checkpoint bytes are written)."""
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _replace(src: Path, dst: Path) -> None:
-    """Rename ``src`` to ``dst`` atomically (the one place checkpoint files are renamed)."""
-    os.replace(src, dst)
-
-
 def _sync_dir(path: Path) -> None:
     """Flush a directory's entries (the renames in it) to disk, where the platform allows."""
     try:
@@ -127,23 +110,12 @@ def _sync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` by ``data`` in one step (temporary file, then ``os.replace``)."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        _write_bytes(tmp, data)
-        _replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def write_atomic(path, data: bytes) -> None:
     """Replace ``path`` by ``data`` in one step; a failed write leaves ``path`` as it was and
     raises :class:`CheckpointWriteError` naming it."""
     path = Path(path)
     try:
-        _write_atomic(path, data)
+        disk.write_atomic(path, data)
     except OSError as err:
         raise CheckpointWriteError(f"cannot write {path} ({err.strerror or err})") from None
 
@@ -177,75 +149,30 @@ def check_writable_dir(path) -> Path:
 # ----------------------------------------------------------------------------------------
 # The lock
 # ----------------------------------------------------------------------------------------
-_HELD: set[str] = set()  # run directories this process has locked
-#: ``flock`` errors of file systems that do not support it (the run is then not locked).
-NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
-
-
-class RunLock:
-    """An exclusive lock on a run directory, held while the run is trained (``with RunLock(dir):``).
+class RunLock(disk.ExclusiveLock):
+    """An exclusive lock on a run directory, held while the run is trained (``with RunLock(dir):``):
+    :class:`fvlib.files.ExclusiveLock` on ``run.lock``, waiting while another process holds it.
 
     :meth:`acquire` creates the directory if needed (so it also checks it is writable, before
-    any training) and waits while another process holds the lock, saying so once on stderr.
+    any training) and waits while another process holds the lock, saying so once on stderr;
+    this process locking it twice raises :class:`RunDirError`.
     """
 
     def __init__(self, run_dir):
         self.run_dir = Path(run_dir)
-        self.path = self.run_dir / LOCK_FILE
-        self._key = str(self.run_dir.resolve())
-        self._fd: int | None = None
+        super().__init__(self.run_dir / LOCK_FILE, wait=True, error=RunDirError,
+                         held_here=f"{self.run_dir} is already being trained in this process",
+                         waiting=f"fvlib: waiting for {self.run_dir}: another process (pid {{pid}}) is training it")
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         """Take the lock, waiting while another process holds it; returns ``self``.
 
         Raises:
             RunDirError: the directory is not writable, or this process holds its lock already.
         """
-        if self._key in _HELD:
-            raise RunDirError(f"{self.run_dir} is already being trained in this process")
         check_writable_dir(self.run_dir)
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as err:
-            raise RunDirError(f"cannot create the lock file {self.path} ({err.strerror or err})") from None
-        try:
-            if fcntl is not None:
-                self._flock(fd)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, str(os.getpid()).encode(), 0)
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd
-        _HELD.add(self._key)
+        super().acquire()
         return self
-
-    def _flock(self, fd: int) -> None:
-        """Lock ``fd``, waiting (and saying so) while another process holds it; a file system
-        without ``flock`` (some network and FUSE mounts) leaves the run unlocked."""
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            print(f"fvlib: waiting for {self.run_dir}: another process (pid {holder}) is training it",
-                  file=sys.stderr, flush=True)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError as err:
-            if err.errno not in NO_FLOCK:
-                raise RunDirError(f"cannot lock {self.path} ({err.strerror or err})") from None
-
-    def release(self) -> None:
-        """Release the lock (the lock file stays: removing it would let two processes lock two files)."""
-        if self._fd is not None:
-            os.close(self._fd)  # closing the descriptor releases the flock
-            self._fd = None
-            _HELD.discard(self._key)
-
-    def __enter__(self) -> "RunLock":
-        return self.acquire()
-
-    def __exit__(self, *exc) -> None:
-        self.release()
 
 
 # ----------------------------------------------------------------------------------------
@@ -305,7 +232,7 @@ def recover(run_dir) -> None:
     for name, expected in (manifest or {}).get("files", {}).items():
         staged = run_dir / (name + STAGED)
         if staged.is_file() and _digest(staged.read_bytes()) == _pick(expected):
-            _replace(staged, run_dir / name)
+            disk.replace_file(staged, run_dir / name)
     _remove_staged(run_dir)
 
 
@@ -327,11 +254,11 @@ def commit(run_dir, step: int, files: Mapping[str, bytes], keep: Iterable[str] =
     try:
         for name, data in files.items():
             target = run_dir / (name + STAGED)
-            _write_bytes(target, data)
+            disk.write_synced(target, data)
             entries[name] = _digest(data)
         manifest = {"format": "fvlib-checkpoint", "version": 1, "step": step, "files": entries}
         target = run_dir / MANIFEST_FILE
-        _write_atomic(target, (json.dumps(manifest, indent=1) + "\n").encode())
+        disk.write_atomic(target, json.dumps(manifest, indent=1) + "\n")
     except OSError as err:
         _remove_staged(run_dir)
         previous = _read_manifest(run_dir)[0]
@@ -339,7 +266,7 @@ def commit(run_dir, step: int, files: Mapping[str, bytes], keep: Iterable[str] =
         raise CheckpointWriteError(f"cannot write the checkpoint of step {step} to {target} "
                                    f"({err.strerror or err}); the run keeps {kept}") from None
     for name in files:
-        _replace(run_dir / (name + STAGED), run_dir / name)
+        disk.replace_file(run_dir / (name + STAGED), run_dir / name)
     _sync_dir(run_dir)
 
 

@@ -140,8 +140,8 @@ def test_documented_theory_usages_are_within_the_limits(argv):
 
 def test_documented_train_usages_fit_in_16_gb():
     """The runs the chapters train, the stored experiments' runs and the README's example."""
+    from fvlib.experiments import EXPERIMENTS
     from fvlib.experiments.inbuild import warm_work
-    from fvlib.store import EXPERIMENTS
     from fvlib.training import TrainConfig, estimate_memory
 
     configs = [c for item in warm_work() for c in (item if isinstance(item, list) else [item])]

@@ -14,15 +14,15 @@ and is what the tests exercise. Both train with the :class:`~fvlib.training.conf
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .experiments.beside_theory import compare_with_theory
-from .interventions import key_patching_sweep
-from .priors import TreePrior
-from .theory import dp_value, greedy_value, theory_baselines, theory_patching_sweep
-from .training import TrainConfig, run_dir_for, train
+from ..files import write_json_atomic
+from ..interventions import key_patching_sweep
+from ..priors import TreePrior
+from ..theory import dp_value, greedy_value, theory_baselines, theory_patching_sweep
+from ..training import TrainConfig, run_dir_for, train
+from .beside_theory import compare_with_theory
 
 __all__ = ["ReproduceConfig", "reproduce"]
 
@@ -39,7 +39,7 @@ class ReproduceConfig:
     dp_layers: tuple[int, ...]
 
     @classmethod
-    def make(cls, quick: bool) -> "ReproduceConfig":
+    def make(cls, quick: bool) -> ReproduceConfig:
         if quick:
             return cls(depth=3, alpha=0.5, n_ctx=64, budget=3, steps=150, samples=500, contexts=200, dp_layers=(2,))
         return cls(depth=6, alpha=0.5, n_ctx=128, budget=6, steps=3000, samples=4000, contexts=2000, dp_layers=(2, 3))
@@ -47,7 +47,7 @@ class ReproduceConfig:
 
 def _write(out_dir: Path, name: str, data: dict) -> str:
     path = out_dir / name
-    path.write_text(json.dumps(data, indent=2))
+    write_json_atomic(path, data, indent=2)
     return str(path)
 
 

@@ -4,28 +4,29 @@ run stops at its last good checkpoint, and worker processes end with their paren
 
 import dataclasses
 import errno
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import same_parameters, strip_times
 from safetensors.torch import load_file, save_file
 
+import fvlib.files as disk
 import fvlib.training.rundir as ckpt
-from conftest import same_parameters, strip_times
 from fvlib.cli import main
 from fvlib.training import TrainConfig, TrainingDiverged, load_history, load_run, train
 from fvlib.training.rundir import CheckpointWriteError, RunDirError, RunLock
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: Six steps, a checkpoint every two: checkpoints at steps 2, 4 and 6.
 SMALL = TrainConfig(model="A", depth=2, n_ctx=8, budget=2, steps=6, batch=8, queries=4, width=8,
@@ -64,7 +65,7 @@ def fail_at(monkeypatch, event: int, error: BaseException, at_step: int = 4):
     import fvlib.training.checkpoint
 
     seen = {"armed": False, "count": 0}
-    write, replace, commit = ckpt._write_bytes, ckpt._replace, fvlib.training.checkpoint.commit
+    write, replace, commit = disk.write_synced, disk.replace_file, fvlib.training.checkpoint.commit
 
     def counted(real):
         def wrapper(*args):
@@ -82,8 +83,8 @@ def fail_at(monkeypatch, event: int, error: BaseException, at_step: int = 4):
         finally:
             seen["armed"] = False
 
-    monkeypatch.setattr(ckpt, "_write_bytes", counted(write))
-    monkeypatch.setattr(ckpt, "_replace", counted(replace))
+    monkeypatch.setattr(disk, "write_synced", counted(write))
+    monkeypatch.setattr(disk, "replace_file", counted(replace))
     monkeypatch.setattr(fvlib.training.checkpoint, "commit", arming_commit)
 
 
@@ -105,24 +106,24 @@ def test_a_kill_during_a_checkpoint_leaves_a_run_that_resumes_exactly(tmp_path, 
 
 KILL_SCRIPT = """
 import os, signal, sys
-import fvlib.training.rundir as ckpt
+import fvlib.files as files
 from fvlib.training import TrainConfig, train
 config = TrainConfig(**{config})
 calls = {{"n": 0}}
-real = ckpt.{function}
+real = files.{function}
 def kill_at(*args):
     calls["n"] += 1
     if calls["n"] == {call}:
         os.kill(os.getpid(), signal.SIGKILL)
     return real(*args)
-setattr(ckpt, "{function}", kill_at)
+setattr(files, "{function}", kill_at)
 train(config, out_dir=sys.argv[1], progress=False)
 """
 
 
 @pytest.mark.parametrize("function, call, expected", [
-    ("_write_bytes", 7, 2),  # config (1), checkpoint 2 (4 writes), then the model file of checkpoint 4
-    ("_replace", 7, 4),      # config (1), checkpoint 2 (4 renames), commit 4, then its first rename
+    ("write_synced", 7, 2),  # config (1), checkpoint 2 (4 writes), then the model file of checkpoint 4
+    ("replace_file", 7, 4),     # config (1), checkpoint 2 (4 renames), commit 4, then its first rename
 ])
 def test_a_process_killed_by_sigkill_mid_checkpoint_resumes_exactly(tmp_path, whole, function, call, expected):
     run_dir = tmp_path / "run"
@@ -302,7 +303,7 @@ def test_a_file_system_without_flock_trains_unlocked(tmp_path, monkeypatch):
     def no_flock(fd, operation):
         raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
 
-    monkeypatch.setattr(ckpt.fcntl, "flock", no_flock)  # what some network and FUSE mounts answer
+    monkeypatch.setattr(fcntl, "flock", no_flock)  # what some network and FUSE mounts answer
     train(SMALL, out_dir=tmp_path / "run", progress=False, until_step=2)
     assert manifest_step(tmp_path / "run") == 2
 
@@ -389,8 +390,8 @@ def no_work(tmp_path, monkeypatch):
         pytest.fail("the command started its work")
 
     monkeypatch.setenv("FVLIB_RESULTS_DIR", str(tmp_path / "results"))
-    for target in ("fvlib.training.train", "fvlib.experiments.inbuild.train_parallel", "fvlib.reproduce.reproduce",
-                   "fvlib.store.run"):
+    for target in ("fvlib.training.train", "fvlib.experiments.inbuild.train_parallel",
+                   "fvlib.experiments.reproduce.reproduce", "fvlib.experiments.run"):
         monkeypatch.setattr(target, work)
 
 

@@ -1,46 +1,55 @@
-"""fvlib.store: the named experiments, their result files, resume, verification, the CLI."""
+"""fvlib.experiments: the named experiments, their result files, resume, verification, the CLI."""
 
 import json
 import re
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-import fvlib.store as store
+from fvlib import experiments
 from fvlib.cli import main
+from fvlib.experiments import references, runner
+from fvlib.experiments.definitions import constrained_config, same_config
+from fvlib.experiments.records import new_result
+from fvlib.experiments.references import tree_theory
+from fvlib.experiments.storage import RESULTS_ENV
+from fvlib.experiments.verify import check_theory, stack_size
 from fvlib.training import ADDED_FIELDS, TrainConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "results"
 
 
 def _tiny_item(variant, prior, seeds, steps=40):
-    base = store._constrained(variant, steps=steps, prior=prior, depth=3, alpha=0.5, n_ctx=32,
+    base = constrained_config(variant, steps=steps, prior=prior, depth=3, alpha=0.5, n_ctx=32,
                               noise_std=0.0, budget=3)
     base = replace(base, batch=32, queries=16, width=32,
                    router_warm_start=10 if variant.endswith("warm") else 0)
-    return tuple(store.Run(store._key(variant, c), variant, c) for c in (replace(base, seed=s) for s in seeds))
+    configs = [replace(base, seed=s) for s in seeds]
+    return tuple(experiments.Run(experiments.run_key(variant, c.prior, c.budget, c.seed), variant, c) for c in configs)
 
 
 @pytest.fixture
 def tiny(monkeypatch, tmp_path):
     """A tiny stand-in for depth-sweep-k6 (K = 3, 40 steps): the store's code path, in seconds."""
     items = (_tiny_item("A-scratch", "tree", (0, 1)), _tiny_item("B", "gaussian-twin", (0, 1)))
-    experiment = store.Experiment("depth-sweep-k6", "tiny", "x", items,
-                                  store._tree_theory(3, 0.5, 32, 0.0, range(1, 4)), gap_variants=("A-scratch",))
-    monkeypatch.setitem(store.EXPERIMENTS, "depth-sweep-k6", experiment)
-    monkeypatch.setattr(store, "OPTIMISER_STARTS", 2)   # the best of two starts: quicker, the same code path
+    experiment = experiments.Experiment("depth-sweep-k6", "tiny", "x", items,
+                                  tree_theory(3, 0.5, 32, 0.0, range(1, 4)), gap_variants=("A-scratch",))
+    monkeypatch.setitem(experiments.EXPERIMENTS, "depth-sweep-k6", experiment)
+    monkeypatch.setattr(references, "OPTIMISER_STARTS", 2)   # the best of two starts: quicker, the same code path
     monkeypatch.setenv("FVLIB_RUN_ROOT", str(tmp_path / "runs"))
-    monkeypatch.setenv(store.RESULTS_ENV, str(tmp_path / "results"))
+    monkeypatch.setenv(RESULTS_ENV, str(tmp_path / "results"))
     return experiment, tmp_path
 
 
 def test_run_writes_every_field_and_resumes(tiny):
     experiment, tmp = tiny
-    data = store.run("depth-sweep-k6", progress=False, max_items=1)
+    data = experiments.run("depth-sweep-k6", progress=False, max_items=1)
     assert len(data["runs"]) == 2  # one item stored, the other not yet
     stored = json.loads((tmp / "results" / "depth-sweep-k6.json").read_text())
     record = stored["runs"]["A-scratch/tree/M3/seed0"]
@@ -54,30 +63,30 @@ def test_run_writes_every_field_and_resumes(tiny):
     # 40 steps are far from converged: each run was retrained with doubled steps, twice
     assert [a["steps"] for a in record["attempts"]] == [40, 80, 160]
     assert record["converged"] is False and record["steps"] == 160
-    assert stored["theory"]["budgets"] == [1, 2, 3] and stored["theory"]["samples"] == store.THEORY_SAMPLES
+    assert stored["theory"]["budgets"] == [1, 2, 3] and stored["theory"]["samples"] == experiments.THEORY_SAMPLES
     # the file states how verify judges it and what counts as converged
-    assert (stored["tolerance_rule"], stored["theory_tolerance_rule"]) == (store.TOLERANCE_RULE,
-                                                                          store.THEORY_TOLERANCE_RULE)
-    assert "at most 2 times" in stored["convergence_rule"]
+    assert (stored["rules"]["tolerance"], stored["rules"]["theory_tolerance"]) == (experiments.TOLERANCE_RULE,
+                                                                          experiments.THEORY_TOLERANCE_RULE)
+    assert "at most 2 times" in stored["rules"]["convergence"]
     # resuming trains only what is missing; the stored runs are kept as they are
-    again = store.run("depth-sweep-k6", progress=False)
+    again = experiments.run("depth-sweep-k6", progress=False)
     assert len(again["runs"]) == 4
     assert again["runs"]["A-scratch/tree/M3/seed0"] == record
-    rows = {(r["variant"], r["prior"]): r for r in store.summarise(again)}
+    rows = {(r["variant"], r["prior"]): r for r in experiments.summarise(again)}
     assert rows[("B", "gaussian-twin")]["seeds"] == [0, 1] and "ratio_mean" not in rows[("B", "gaussian-twin")]
     assert rows[("A-scratch", "tree")]["ratio_mean"] > 0
     seed_records = sorted((r for r in again["runs"].values() if r["variant"] == "A-scratch"),
                           key=lambda r: r["seed"])
     assert rows[("A-scratch", "tree")]["loss_stderr"] == [r["final_stderr"] for r in seed_records]
-    assert "4 of 4 runs stored" in store.provenance_line(again)
-    sweep = store.depth_sweep_of(again, ["A-scratch"])
+    assert "4 of 4 runs stored" in experiments.provenance_line(again)
+    sweep = experiments.depth_sweep_of(again, ["A-scratch"])
     assert list(sweep.budgets) == [3] and sweep.seed_loss["A-scratch"].shape == (2, 1)
 
 
 def test_verify_reproduces_and_fails_on_a_changed_number(tiny):
     _, tmp = tiny
-    store.run("depth-sweep-k6", progress=False)
-    report = store.verify("depth-sweep-k6", runs=1, full=True)
+    experiments.run("depth-sweep-k6", progress=False)
+    report = experiments.verify("depth-sweep-k6", runs=1, full=True)
     assert report["ok"] and report["configs_rebuilt"] == 4 and report["mode"] == "full"
     checked = report["checked"][0]
     assert checked["key"].startswith("B/")  # the cheapest run
@@ -88,7 +97,7 @@ def test_verify_reproduces_and_fails_on_a_changed_number(tiny):
         if key.startswith("B/"):
             data["runs"][key]["final_loss"] *= 1.5  # a number that no longer reproduces
     path.write_text(json.dumps(data))
-    assert not store.verify("depth-sweep-k6", runs=1, full=True)["ok"]
+    assert not experiments.verify("depth-sweep-k6", runs=1, full=True)["ok"]
     assert main(["experiment", "verify", "depth-sweep-k6", "--full"]) == 2
 
 
@@ -96,19 +105,19 @@ def test_the_quick_check_retrains_a_prefix_per_family_and_fails_on_a_changed_his
     """verify's default: one run per model family (A here of two layers or more), retrained to its
     first evaluation, compared with the stored history within the definition's tolerance."""
     experiment, tmp = tiny
-    store.run("depth-sweep-k6", progress=False)
-    report = store.verify("depth-sweep-k6")
+    experiments.run("depth-sweep-k6", progress=False)
+    report = experiments.verify("depth-sweep-k6")
     assert report["ok"] and report["mode"] == "prefix"
     assert sorted(c["key"].split("/")[0] for c in report["checked"]) == ["A-scratch", "B"]
     data = json.loads((tmp / "results" / "depth-sweep-k6.json").read_text())
-    assert data["prefix_rule"] == store.PREFIX_RULE.format(rtol=experiment.prefix_rtol)
+    assert data["rules"]["prefix"] == experiments.PREFIX_RULE.format(rtol=experiment.prefix_rtol)
     for check in report["checked"]:
         record = data["runs"][check["key"]]
         assert check["steps"] == record["history"][1]["step"] and check["relative"] < 1e-6  # same CPU
     key = report["checked"][0]["key"]
     data["runs"][key]["history"][1]["eval_excess_loss"] *= 1 + 2 * experiment.prefix_rtol
     (tmp / "results" / "depth-sweep-k6.json").write_text(json.dumps(data))
-    assert not store.verify("depth-sweep-k6", theory=False)["ok"]
+    assert not experiments.verify("depth-sweep-k6", theory=False)["ok"]
     assert main(["experiment", "verify", "depth-sweep-k6", "--no-theory"]) == 2
     assert main(["experiment", "verify", "depth-sweep-k6", "--runs", "2"]) == 2  # --runs needs --full
 
@@ -119,42 +128,42 @@ def test_a_one_line_change_to_the_gated_router_fails_the_quick_check(monkeypatch
     forward without its gate (``measure(x, self.base)``, one line) trains another model."""
     from fvlib.models import GatedRouter, measure
 
-    assert store.verify("recipes-a", theory=False)["ok"]
+    assert experiments.verify("recipes-a", theory=False)["ok"]
     monkeypatch.setattr(GatedRouter, "forward", lambda self, x, workspace: measure(x, self.base))
-    report = store.verify("recipes-a", theory=False)
-    assert not report["ok"] and report["checked"][0]["relative"] > 2 * store.PREFIX_RTOL
+    report = experiments.verify("recipes-a", theory=False)
+    assert not report["ok"] and report["checked"][0]["relative"] > 2 * experiments.PREFIX_RTOL
 
 
 def test_verify_recomputes_the_theory_and_run_refreshes_it(tiny, capsys):
     """A stored reference that today's code no longer gives fails verification (the runs still
     reproduce), and `experiment run --refresh-theory` recomputes it, keeping the runs."""
     _, tmp = tiny
-    store.run("depth-sweep-k6", progress=False)
-    report = store.verify("depth-sweep-k6", runs=1)
+    experiments.run("depth-sweep-k6", progress=False)
+    report = experiments.verify("depth-sweep-k6", runs=1)
     assert report["ok"] and report["theory"]["differences"] == [] and report["theory"]["checked"] > 30
     path = tmp / "results" / "depth-sweep-k6.json"
     data = json.loads(path.read_text())
     assert data["theory_provenance"]["commit"] == data["runs"]["B/gaussian-twin/M3/seed0"]["provenance"]["commit"]
     data["theory"]["curves"]["nonadaptive_opt"]["mean"][1] += 0.1      # a reference of older code
     path.write_text(json.dumps(data))
-    report = store.verify("depth-sweep-k6", runs=1)
+    report = experiments.verify("depth-sweep-k6", runs=1)
     assert report["checked"][0]["ok"] and not report["ok"]
     assert [d["path"] for d in report["theory"]["differences"]] == ["curves/nonadaptive_opt/mean/1"]
-    assert store.verify("depth-sweep-k6", runs=1, theory=False)["ok"]
+    assert experiments.verify("depth-sweep-k6", runs=1, theory=False)["ok"]
     assert main(["experiment", "verify", "depth-sweep-k6"]) == 2
     assert "--refresh-theory" in capsys.readouterr().err
     assert main(["experiment", "run", "depth-sweep-k6", "--refresh-theory", "--no-progress"]) == 0
     fresh = json.loads(path.read_text())
-    assert fresh["runs"] == data["runs"] and store.verify("depth-sweep-k6", runs=1)["ok"]
+    assert fresh["runs"] == data["runs"] and experiments.verify("depth-sweep-k6", runs=1)["ok"]
 
 
 def test_refresh_theory_recomputes_only_the_references(tiny, monkeypatch):
     """refresh_theory trains nothing, even with runs missing, and keeps every stored run; the
     references and their parameters file are written anew."""
     _, tmp = tiny
-    with pytest.raises(store.ResultError, match="no stored result"):
-        store.refresh_theory("depth-sweep-k6")
-    first = store.run("depth-sweep-k6", progress=False, max_items=1)
+    with pytest.raises(experiments.ResultError, match="no stored result"):
+        experiments.refresh_theory("depth-sweep-k6")
+    first = experiments.run("depth-sweep-k6", progress=False, max_items=1)
     params = tmp / "results" / "depth-sweep-k6.theory.safetensors"
     assert params.is_file() and first["theory"]["optimiser_starts"] == 2
     params.unlink()
@@ -162,55 +171,66 @@ def test_refresh_theory_recomputes_only_the_references(tiny, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("refresh_theory trained a run")
 
-    monkeypatch.setattr(store, "_train_item", no_training)
-    monkeypatch.setattr(store, "train_many", no_training)
-    data = store.refresh_theory("depth-sweep-k6")
+    monkeypatch.setattr(runner, "_train_item", no_training)
+    monkeypatch.setattr(runner, "train_many", no_training)
+    data = experiments.refresh_theory("depth-sweep-k6")
     assert data["runs"] == first["runs"] and len(data["runs"]) == 2 and params.is_file()
     assert json.loads((tmp / "results" / "depth-sweep-k6.json").read_text())["theory"] == data["theory"]
-    assert store._check_theory("depth-sweep-k6", data)["differences"] == []
+    assert check_theory("depth-sweep-k6", data)["differences"] == []
 
 
 def test_load_result_refuses_missing_corrupt_and_foreign_files(tiny, capsys):
     _, tmp = tiny
-    with pytest.raises(store.ResultError, match="experiment run depth-sweep-k6"):
-        store.load_result("depth-sweep-k6")
-    store.run("depth-sweep-k6", progress=False, max_items=1)
-    with pytest.raises(store.ResultError, match="incomplete: 2 of 4"):
-        store.load_result("depth-sweep-k6", complete=True)
+    with pytest.raises(experiments.ResultError, match="experiment run depth-sweep-k6"):
+        experiments.load_result("depth-sweep-k6")
+    experiments.run("depth-sweep-k6", progress=False, max_items=1)
+    with pytest.raises(experiments.ResultError, match="incomplete: 2 of 4"):
+        experiments.load_result("depth-sweep-k6", complete=True)
     path = tmp / "results" / "depth-sweep-k6.json"
     data = json.loads(path.read_text())
     key = next(iter(data["runs"]))
     data["runs"][key]["config"]["lr"] = 0.5
     path.write_text(json.dumps(data))
-    with pytest.raises(store.ResultError, match="another definition"):
-        store.load_result("depth-sweep-k6")
+    with pytest.raises(experiments.ResultError, match="another definition"):
+        experiments.load_result("depth-sweep-k6")
     path.write_text("{not json")
-    with pytest.raises(store.ResultError, match="corrupt"):
-        store.load_result("depth-sweep-k6")
+    with pytest.raises(experiments.ResultError, match="corrupt"):
+        experiments.load_result("depth-sweep-k6")
     assert main(["experiment", "show", "depth-sweep-k6"]) == 2
     assert "corrupt result file" in capsys.readouterr().err
+
+
+HOLDER = """
+import sys, time
+from fvlib.files import ExclusiveLock
+with ExclusiveLock(sys.argv[1]):
+    print("locked", flush=True)
+    time.sleep(600)
+"""
 
 
 def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_taken_over(tiny):
     _, tmp = tiny
     lock = tmp / "results" / "depth-sweep-k6.json.lock"
-    lock.parent.mkdir(parents=True)
-    lock.write_text(str(__import__("os").getpid()))  # a live process holds it
-    with pytest.raises(store.ResultError, match="another `experiment run`"):
-        store.run("depth-sweep-k6", progress=False, max_items=1)
-    lock.write_text("999999999")  # no such process
-    store.run("depth-sweep-k6", progress=False, max_items=1)
-    assert not lock.exists()
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"   # a live process holds it
+        with pytest.raises(experiments.ResultError, match=f"another `experiment run` \\(pid {holder.pid}\\)"):
+            experiments.run("depth-sweep-k6", progress=False, max_items=1)
+    finally:
+        holder.kill()   # a writer killed: the kernel releases its lock
+        holder.wait(timeout=60)
+    experiments.run("depth-sweep-k6", progress=False, max_items=1)
 
 
 def test_converged_reads_the_last_fifth():
     def hist(values, steps=100):
         return [{"step": s, "eval_excess_loss": v} for s, v in zip(range(0, steps + 1, steps // 5), values)]
-    assert store.converged(hist([1, 0.5, 0.3, 0.2, 0.100, 0.099]), 100)
-    assert not store.converged(hist([1, 0.5, 0.3, 0.2, 0.100, 0.097]), 100)
-    assert store.converged(hist([1, 0.5, 0.3, 0.2, 0.100, 0.120]), 100)  # a rise is no fall
-    assert not store.converged(hist([1, 0.5, 0.3, 0.2, 0.100, float("nan")]), 100)
-    assert not store.converged(hist([1, 0.5, 0.3, 0.2, 0.1, 0.1])[:-1], 100)  # unfinished
+    assert experiments.converged(hist([1, 0.5, 0.3, 0.2, 0.100, 0.099]), 100)
+    assert not experiments.converged(hist([1, 0.5, 0.3, 0.2, 0.100, 0.097]), 100)
+    assert experiments.converged(hist([1, 0.5, 0.3, 0.2, 0.100, 0.120]), 100)  # a rise is no fall
+    assert not experiments.converged(hist([1, 0.5, 0.3, 0.2, 0.100, float("nan")]), 100)
+    assert not experiments.converged(hist([1, 0.5, 0.3, 0.2, 0.1, 0.1])[:-1], 100)  # unfinished
 
 
 def test_cli_list_and_bad_input(capsys):
@@ -227,9 +247,9 @@ def test_cli_list_and_bad_input(capsys):
         assert err.count("\n") == 1 and "Traceback" not in err, err
 
 
-@pytest.mark.parametrize("name", store.experiment_names())
+@pytest.mark.parametrize("name", experiments.experiment_names())
 def test_every_experiment_has_three_seeds_per_point_and_buildable_configs(name):
-    experiment = store.get_experiment(name)
+    experiment = experiments.get_experiment(name)
     keys = [r.key for r in experiment.runs]
     assert len(keys) == len(set(keys))
     points = {}
@@ -247,21 +267,21 @@ STORED = sorted(p.stem for p in RESULTS.glob("*.json"))
 
 @pytest.mark.parametrize("name", STORED)
 def test_every_stored_result_loads_and_its_configs_build(name):
-    data = store.load_result(name)
+    data = experiments.load_result(name)
     for record in data["runs"].values():
         config = TrainConfig.from_dict(record["config"])
         config.model_config()
         assert record["history"][-1]["step"] == config.steps
         assert record["history"][-1]["eval_excess_loss"] == record["final_loss"]
-        assert record["converged"] == store.converged(record["history"], config.steps)
-        key = store.run_key(record["variant"], config.prior, config.budget, config.seed)
+        assert record["converged"] == experiments.converged(record["history"], config.steps)
+        key = experiments.run_key(record["variant"], config.prior, config.budget, config.seed)
         assert data["runs"][key] is record, key
     # the rules the file states are the ones verify and run apply today
-    assert data["tolerance_rule"] == store.TOLERANCE_RULE
-    assert data["theory_tolerance_rule"] == store.THEORY_TOLERANCE_RULE, "run `experiment run` to update"
+    assert data["rules"]["tolerance"] == experiments.TOLERANCE_RULE
+    assert data["rules"]["theory_tolerance"] == experiments.THEORY_TOLERANCE_RULE, "run `experiment run` to update"
     # the optimised parameters of its references beside it, found as the file says
-    _, metadata = store.load_theory_params(name)
-    assert int(metadata["optimiser_starts"]) == data["theory"]["optimiser_starts"] == store.OPTIMISER_STARTS
+    _, metadata = experiments.load_theory_params(name)
+    assert int(metadata["optimiser_starts"]) == data["theory"]["optimiser_starts"] == experiments.OPTIMISER_STARTS
 
 
 @pytest.mark.parametrize("name", STORED)
@@ -269,9 +289,9 @@ def test_the_catalogue_defines_every_stored_run_with_its_stored_config(name):
     """A recipe change must not rename or redefine a stored run: every run of
     results/NAME.json has a key of the catalogue, and the catalogue's config of that key is the
     stored one field by field (a run the store retrained with doubled steps stores the doubled
-    schedule), written out here rather than through store._same_config."""
+    schedule), written out here rather than through same_config."""
     stored = json.loads((RESULTS / f"{name}.json").read_text())["runs"]
-    defined = {r.key: r.config.to_dict() for r in store.get_experiment(name).runs}
+    defined = {r.key: r.config.to_dict() for r in experiments.get_experiment(name).runs}
     assert stored and set(stored) <= set(defined), sorted(set(stored) - set(defined))
     for key, record in stored.items():
         want = defined[key]
@@ -290,10 +310,16 @@ def test_the_store_names_its_recipes():
     """A-scratch has no teacher (RECIPE), A-learn neither (the learning recipe), A-warm the
     imitation warm start; the bottlenecked A' its recipe and the stated changes only; B, C and the
     other transformers keep the warm-start fields they were stored with, which act on nothing."""
-    from fvlib.training import IMITATION_RECIPE, RECIPE, TRANSFORMER_RECIPE, curriculum_start, recipe_for
+    from fvlib.training import (
+        IMITATION_RECIPE,
+        RECIPE,
+        TRANSFORMER_RECIPE,
+        curriculum_start,
+        recipe_for,
+    )
 
-    for name in store.experiment_names():
-        for r in store.get_experiment(name).runs:
+    for name in experiments.experiment_names():
+        for r in experiments.get_experiment(name).runs:
             c = r.config
             if r.variant == "A-scratch":
                 assert {k: getattr(c, k) for k in RECIPE} == RECIPE and not c.warm_starts
@@ -304,49 +330,51 @@ def test_the_store_names_its_recipes():
             elif r.variant == "A-warm":
                 assert {k: getattr(c, k) for k in IMITATION_RECIPE} == IMITATION_RECIPE
                 assert c.warm_starts == (c.prior == "tree")
-            elif r.variant in store.TRANSFORMER_RECIPE_STEPS:   # A' (transformers-k4, recipes-transformer-k4)
+            elif r.variant in experiments.TRANSFORMER_RECIPE_STEPS:   # A' (transformers-k4, recipes-transformer-k4)
                 assert c.arch == "transformer" and c.model == "A" and not c.warm_starts
                 assert c.router_warm_start == IMITATION_RECIPE["router_warm_start"]   # stored field, acts on nothing
                 base = TRANSFORMER_RECIPE
                 changes = {k: v for k, v in c.to_dict().items() if k in base and v != base[k]}
                 changes |= {"alpha_start": c.alpha_start} if c.alpha_start is not None else {}
-                assert set(changes) == set(store.TRANSFORMER_RECIPE_STEPS[r.variant]), (r.key, changes)
+                assert set(changes) == set(experiments.TRANSFORMER_RECIPE_STEPS[r.variant]), (r.key, changes)
                 assert c.alpha_start in (None, curriculum_start(c.alpha))
-            elif r.variant in store.RECIPE_STEPS:   # recipes-a: RECIPE and its changes, no teacher
+            elif r.variant in experiments.RECIPE_STEPS:   # recipes-a: RECIPE and its changes, no teacher
                 assert c.router_warm_start == 0 and not c.warm_starts and c.model == "A"
                 base = {**RECIPE, "batch": 256}
                 changes = {k: v for k, v in c.to_dict().items() if k in base and v != base[k]}
                 changes |= {k: getattr(c, k) for k in ("expected_loss", "alpha_start") if getattr(c, k)}
-                assert set(changes) == set(store.RECIPE_STEPS[r.variant]), (r.key, changes)
+                assert set(changes) == set(experiments.RECIPE_STEPS[r.variant]), (r.key, changes)
             else:
                 assert c.router_warm_start == IMITATION_RECIPE["router_warm_start"] and not c.warm_starts
 
 
 def test_last_fifth_drop_is_the_relative_fall():
     hist = [{"step": s, "eval_excess_loss": v} for s, v in zip(range(0, 101, 20), [1, 0.5, 0.3, 0.2, 0.1, 0.09])]
-    assert store.last_fifth_drop(hist, 100) == pytest.approx(0.1)
-    assert store.last_fifth_drop(hist[:-1], 100) != store.last_fifth_drop(hist[:-1], 100)  # nan: unfinished
+    assert experiments.last_fifth_drop(hist, 100) == pytest.approx(0.1)
+    assert experiments.last_fifth_drop(hist[:-1], 100) != experiments.last_fifth_drop(hist[:-1], 100)  # nan: unfinished
 
 
 def test_doubling_gain_compares_the_last_two_attempts():
     record = {"attempts": [{"steps": 3000, "final_loss": 0.5}, {"steps": 6000, "final_loss": 0.4},
                            {"steps": 12000, "final_loss": 0.3}]}
-    assert store.doubling_gain(record) == pytest.approx(0.25)
+    assert experiments.doubling_gain(record) == pytest.approx(0.25)
     record["attempts"][-1]["final_loss"] = 0.44          # the longer run ended higher
-    assert store.doubling_gain(record) == pytest.approx(-0.1)
-    assert np.isnan(store.doubling_gain({"attempts": record["attempts"][:1]}))
+    assert experiments.doubling_gain(record) == pytest.approx(-0.1)
+    assert np.isnan(experiments.doubling_gain({"attempts": record["attempts"][:1]}))
 
 
 def _sweep_result(losses: dict, theory: dict) -> dict:
     """A result dict with the given final losses {(variant, budget, seed): loss}."""
     runs = {}
     for (variant, budget, seed), loss in losses.items():
-        key = store.run_key(variant, "tree", budget, seed)
+        key = experiments.run_key(variant, "tree", budget, seed)
         runs[key] = {"key": key, "variant": variant, "prior": "tree", "budget": budget, "seed": seed,
-                     "final_loss": loss, "final_stderr": 0.01 * loss, "converged": True, "steps": 100,
+                     "config": {"model": variant[0], "arch": "constrained"}, "final_loss": loss,
+                     "final_stderr": 0.01 * loss, "converged": True, "steps": 100,
                      "attempts": [{"steps": 100, "final_loss": loss, "converged": True}],
                      "history": [{"step": 80, "eval_excess_loss": loss}, {"step": 100, "eval_excess_loss": loss}]}
-    return {"experiment": "x", "planned_runs": list(runs), "runs": runs, "theory": theory}
+    return {"experiment": "x", "planned_runs": list(runs), "runs": runs, "theory_kind": "depth-sweep",
+            "theory": theory}
 
 
 def test_decay_fits_recover_an_exponential_and_a_power_law():
@@ -355,13 +383,13 @@ def test_decay_fits_recover_an_exponential_and_a_power_law():
     losses |= {("B", m, s): m ** -1.0 * (1 + 0.01 * s) for m in budgets for s in (0, 1)}
     theory = {"budgets": budgets, "curves": {"adaptive_greedy": {"mean": [0.25 ** m for m in budgets],
                                                                  "stderr": [0.0] * 4}}}
-    rows = {(r["curve"], r["seed"]): r for r in store.decay_fits(_sweep_result(losses, theory), ["A", "B"],
+    rows = {(r["curve"], r["seed"]): r for r in experiments.decay_fits(_sweep_result(losses, theory), ["A", "B"],
                                                                  ["adaptive_greedy"])}
     assert rows["A", 0]["factor"] == pytest.approx(2.0) and rows["A", "mean"]["fit"].best == "exponential"
     assert rows["B", 1]["fit"].best == "power" and rows["B", 1]["fit"].power_exponent == pytest.approx(-1.0)
     assert rows["adaptive_greedy", "theory"]["factor"] == pytest.approx(4.0)
     assert rows["A", 0]["drops"] == pytest.approx([2.0, 2.0, 2.0])
-    head = store.decay_fits(_sweep_result(losses, theory), ["A"], budgets=[1, 2, 3])
+    head = experiments.decay_fits(_sweep_result(losses, theory), ["A"], budgets=[1, 2, 3])
     assert head[0]["budgets"] == [1, 2, 3] and len(head[0]["drops"]) == 2
 
 
@@ -370,8 +398,8 @@ def test_sweep_table_rows_blank_a_budget_not_stored_for_every_seed():
     curves["adaptive_opt"]["mean"] = [0.5, 0.1]
     curves["nonadaptive_coord"] = {"mean": [0.9, 0.9], "stderr": [0.0, 0.0]}
     losses = {("A", 1, 0): 0.3, ("A", 1, 1): 0.5, ("A", 2, 0): 0.05}           # M = 2: seed 0 only
-    rows = {r[0]: r[1:] for r in store.sweep_table_rows(_sweep_result(losses, {"budgets": [1, 2], "curves": curves}),
-                                                        ["A"], ["adaptive_opt"])}
+    result = _sweep_result(losses, {"budgets": [1, 2], "curves": curves})
+    rows = {r[0]: r[1:] for r in experiments.sweep_table_rows(result, ["A"], ["adaptive_opt"])}
     assert rows["A: mean loss"] == [pytest.approx(0.4), ""]
     assert rows["A: / best adaptive"] == [pytest.approx(0.4 / 0.4), ""]      # best: min(greedy, opt) per budget
     assert rows["A: sd over seeds"][0] == pytest.approx(np.std([0.3, 0.5], ddof=1))
@@ -380,8 +408,8 @@ def test_sweep_table_rows_blank_a_budget_not_stored_for_every_seed():
     assert rows["A: failed seeds"] == [0, ""] and rows["A: mean without failed"] == [pytest.approx(0.4), ""]
     assert rows["theory: adaptive_opt"] == [0.5, 0.1] and "theory: adaptive_greedy" not in rows
     curves["nonadaptive_coord"]["mean"] = [0.5, 0.9]                          # now 0.5 fails at M = 1
-    rows = {r[0]: r[1:] for r in store.sweep_table_rows(_sweep_result(losses, {"budgets": [1, 2], "curves": curves}),
-                                                        ["A"], [])}
+    result = _sweep_result(losses, {"budgets": [1, 2], "curves": curves})
+    rows = {r[0]: r[1:] for r in experiments.sweep_table_rows(result, ["A"], [])}
     assert rows["A: failed seeds"][0] == 1 and rows["A: mean without failed"][0] == pytest.approx(0.3)
     assert rows["A: mean loss"][0] == pytest.approx(0.4)                     # the mean keeps every seed
 
@@ -389,16 +417,17 @@ def test_sweep_table_rows_blank_a_budget_not_stored_for_every_seed():
 def test_failed_runs_by_the_rule_and_point_rows_without_them():
     theory = {"budgets": [2], "curves": {"nonadaptive_coord": {"mean": [0.3], "stderr": [0.0]}}}
     data = _sweep_result({("A", 2, 0): 0.1, ("A", 2, 1): 0.29, ("A", 2, 2): 0.12}, theory)  # 0.29 > 0.9 * 0.3
-    assert [store.failed(data, r) for r in data["runs"].values()] == [False, True, False]
-    (row,) = store.point_rows(data)
+    assert [experiments.failed(data, r) for r in data["runs"].values()] == [False, True, False]
+    (row,) = experiments.point_rows(data)
     assert row["failed"] == [1] and row["mean_ok"] == pytest.approx(0.11)
-    refs = {"theory": {"A/gaussian-twin": {"value": 0.4}, "C/tree": {"value": 0.37},
-                       "tree": {"nonadaptive_coord": {"mean": 0.3}}}}
-    record = {"prior": "gaussian-twin", "budget": 4, "final_loss": 0.61, "config": {"model": "A"}}
-    assert store.failed(refs, record) and not store.failed(refs, {**record, "final_loss": 0.59})
+    refs = {"theory_kind": "references", "theory": {"A/gaussian-twin": {"value": 0.4}, "C/tree": {"value": 0.37},
+                                                    "tree": {"nonadaptive_coord": {"mean": 0.3}}}}
+    record = {"prior": "gaussian-twin", "budget": 4, "final_loss": 0.61,
+              "config": {"model": "A", "arch": "constrained"}}
+    assert experiments.failed(refs, record) and not experiments.failed(refs, {**record, "final_loss": 0.59})
     linear = {"prior": "tree", "budget": 4, "final_loss": 0.38, "config": {"model": "C", "arch": "constrained"}}
-    assert not store.failed(refs, linear)  # C is measured against LMMSE, not the coordinates
-    assert store.failed(refs, {**linear, "config": {"model": "B", "arch": "constrained"}})
+    assert not experiments.failed(refs, linear)  # C is measured against LMMSE, not the coordinates
+    assert experiments.failed(refs, {**linear, "config": {"model": "B", "arch": "constrained"}})
 
 
 def test_depth_sweep_drops_the_budgets_with_a_failed_seed_when_asked():
@@ -406,10 +435,10 @@ def test_depth_sweep_drops_the_budgets_with_a_failed_seed_when_asked():
                                                                          "stderr": [0.0] * 4}}}
     losses = {("A", m, s): 0.5 ** m for m in (1, 2, 3, 4) for s in (0, 1)} | {("A", 3, 1): 2.0}
     data = _sweep_result(losses, theory)                     # seed 1 fails at M = 3
-    assert store.depth_sweep_of(data, ["A"]).budgets.tolist() == [1, 2, 3, 4]
-    kept = store.depth_sweep_of(data, ["A"], drop_failed=True)
+    assert experiments.depth_sweep_of(data, ["A"]).budgets.tolist() == [1, 2, 3, 4]
+    kept = experiments.depth_sweep_of(data, ["A"], drop_failed=True)
     assert kept.budgets.tolist() == [1, 2, 4] and kept.loss["A"].tolist() == [0.5, 0.25, 0.0625]
-    (mean,) = [r for r in store.decay_fits(data, ["A"], drop_failed=True) if r["seed"] == "mean"]
+    (mean,) = [r for r in experiments.decay_fits(data, ["A"], drop_failed=True) if r["seed"] == "mean"]
     assert mean["budgets"] == [1, 2, 4] and mean["factor"] == pytest.approx(2.0)
 
 
@@ -419,28 +448,28 @@ def test_depth_sweep_at_a_shorter_training_reads_the_earlier_attempts():
     data = _sweep_result({("A", m, 0): 0.5 ** m for m in (1, 2, 3)}, theory)
     for record in data["runs"].values():                 # converged within 50 steps
         record["steps"], record["attempts"] = 50, [{"steps": 50, "final_loss": record["final_loss"]}]
-    capped = data["runs"][store.run_key("A", "tree", 3, 0)]
+    capped = data["runs"][experiments.run_key("A", "tree", 3, 0)]
     capped["attempts"] = [{"steps": 50, "final_loss": 0.45}, {"steps": 100, "final_loss": 0.125}]
-    assert store.attempt_loss(capped) == (0.125, capped["final_stderr"])
-    loss, se = store.attempt_loss(capped, 60)
+    assert experiments.attempt_loss(capped) == (0.125, capped["final_stderr"])
+    loss, se = experiments.attempt_loss(capped, 60)
     assert loss == 0.45 and np.isnan(se)
-    assert store.attempt_loss(capped, 100) == (0.125, capped["final_stderr"])
+    assert experiments.attempt_loss(capped, 100) == (0.125, capped["final_stderr"])
     with pytest.raises(ValueError, match="max_steps=40"):
-        store.attempt_loss(capped, 40)
-    assert store.depth_sweep_of(data, ["A"], max_steps=100).loss["A"].tolist() == [0.5, 0.25, 0.125]
-    assert store.depth_sweep_of(data, ["A"], max_steps=60).loss["A"].tolist() == [0.5, 0.25, 0.45]
+        experiments.attempt_loss(capped, 40)
+    assert experiments.depth_sweep_of(data, ["A"], max_steps=100).loss["A"].tolist() == [0.5, 0.25, 0.125]
+    assert experiments.depth_sweep_of(data, ["A"], max_steps=60).loss["A"].tolist() == [0.5, 0.25, 0.45]
     # at 60 steps the M = 3 run is above 0.9 x the coordinates' 0.4: failed there, not at 100
-    assert store.depth_sweep_of(data, ["A"], drop_failed=True, max_steps=60).budgets.tolist() == [1, 2]
-    assert store.depth_sweep_of(data, ["A"], drop_failed=True).budgets.tolist() == [1, 2, 3]
-    (mean,) = [r for r in store.decay_fits(data, ["A"], max_steps=100) if r["seed"] == "mean"]
+    assert experiments.depth_sweep_of(data, ["A"], drop_failed=True, max_steps=60).budgets.tolist() == [1, 2]
+    assert experiments.depth_sweep_of(data, ["A"], drop_failed=True).budgets.tolist() == [1, 2, 3]
+    (mean,) = [r for r in experiments.decay_fits(data, ["A"], max_steps=100) if r["seed"] == "mean"]
     assert mean["factor"] == pytest.approx(2.0)
 
 
 def test_stored_reads_the_store_or_recomputes_elsewhere(tiny):
     _, tmp = tiny
-    with pytest.raises(store.ResultError, match="experiment run depth-sweep-k6"):
-        store.stored("depth-sweep-k6")
-    data = store.stored("depth-sweep-k6", recompute=True, device="cpu", directory=tmp / "again", progress=False)
+    with pytest.raises(experiments.ResultError, match="experiment run depth-sweep-k6"):
+        experiments.stored("depth-sweep-k6")
+    data = experiments.stored("depth-sweep-k6", recompute=True, device="cpu", directory=tmp / "again", progress=False)
     assert len(data["runs"]) == 4 and (tmp / "again" / "depth-sweep-k6.json").is_file()
     assert not (tmp / "results" / "depth-sweep-k6.json").exists()
 
@@ -455,38 +484,38 @@ def test_experiment_warm_and_reproduce_are_verbs_of_the_family(capsys):
 def test_an_experiment_without_doublings_accepts_only_its_own_steps():
     """recipes-a compares recipes at a fixed number of steps: its runs are never doubled, so a
     stored config with twice the steps is of another definition there, and not elsewhere."""
-    experiment = store.get_experiment("recipes-a")
+    experiment = experiments.get_experiment("recipes-a")
     assert experiment.max_doublings == 0
-    assert store.get_experiment("depth-sweep-k6").max_doublings == store.MAX_DOUBLINGS
+    assert experiments.get_experiment("depth-sweep-k6").max_doublings == experiments.MAX_DOUBLINGS
     config = experiment.runs[0].config
     doubled = {**config.to_dict(), "steps": 2 * config.steps, "eval_every": 2 * config.steps // 20}
-    assert store._same_config(config.to_dict(), config, 0)
-    assert not store._same_config(doubled, config, 0)
-    assert store._same_config(doubled, config, 2)
-    assert "at most 0 times" in store._empty_result(experiment)["convergence_rule"]
+    assert same_config(config.to_dict(), config, 0)
+    assert not same_config(doubled, config, 0)
+    assert same_config(doubled, config, 2)
+    assert "at most 0 times" in new_result(experiment).rules.convergence
 
 
 def test_failure_rule_reads_a_theory_kept_per_budget():
     """recipes-a keeps one reference set per task, by budget: a run fails when it does not end
     10% below the heap-order coordinates of its own budget."""
     theory = {"M5": {"nonadaptive_coord": {"mean": 0.2}}, "M6": {"nonadaptive_coord": {"mean": 0.1}}}
-    data = {"theory": theory}
-    run = {"prior": "tree", "budget": 6, "config": {"model": "A"}}
-    assert not store.failed(data, {**run, "final_loss": 0.05})
-    assert store.failed(data, {**run, "final_loss": 0.095})
-    assert not store.failed(data, {**run, "budget": 5, "final_loss": 0.095})
+    data = {"theory_kind": "per-budget", "theory": theory}
+    run = {"prior": "tree", "budget": 6, "config": {"model": "A", "arch": "constrained"}}
+    assert not experiments.failed(data, {**run, "final_loss": 0.05})
+    assert experiments.failed(data, {**run, "final_loss": 0.095})
+    assert not experiments.failed(data, {**run, "budget": 5, "final_loss": 0.095})
 
 
 def test_the_readme_store_table_is_the_stored_provenance():
     """Each row of the README's table of stored experiments states what ``results/NAME.json``
     holds: the runs stored out of those planned, and the CPU hours of its provenance."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     rows = re.findall(r"^\| `([a-z0-9-]+)` \| \d+ \| (\d+) of (\d+) \| ([\d.]+)", (root / "README.md").read_text(),
                       flags=re.M)
-    assert {name for name, *_ in rows} == set(store.experiment_names())
+    assert {name for name, *_ in rows} == set(experiments.experiment_names())
     for name, runs, planned, hours in rows:
-        data = store.load_result(name, root / "results")
-        summary = store.provenance_summary(data)
+        data = experiments.load_result(name, root / "results")
+        summary = experiments.provenance_summary(data)
         assert (int(runs), int(planned)) == (summary["runs"], len(data["planned_runs"])), name
         assert float(hours) == round(summary["cpu_seconds"] / 3600, 1), name
 
@@ -500,13 +529,13 @@ def test_theory_differences_follow_the_stated_rule():
               "A/tree": {"name": "adaptive_greedy", "value": 0.1, "stderr": 0.002},
               "B/tree": {"name": "nonadaptive_opt", "value": 0.3, "stderr": 0.002}, "budgets": [1, 2]}
     same = json.loads(json.dumps(stored))
-    assert store.theory_differences(stored, same) == []
+    assert experiments.theory_differences(stored, same) == []
     moved = json.loads(json.dumps(stored))
     moved["curves"]["adaptive_opt"]["mean"][1] = 0.2 + 0.029           # within 3 s.e.
     moved["curves"]["adaptive_opt"]["stderr"][0] = 0.0105              # within 10%
     moved["curves"]["nonadaptive_opt"]["mean"][1] = 0.3 * (1 + 5e-7)   # rounding
     moved["A/tree"]["value"] = 0.1 - 0.0059
-    assert store.theory_differences(stored, moved) == []
+    assert experiments.theory_differences(stored, moved) == []
     moved["curves"]["adaptive_opt"]["mean"][0] = 0.5 + 0.031           # beyond 3 s.e.
     moved["curves"]["nonadaptive_opt"]["mean"][0] = 0.6 + 0.001        # a fixed rule: within 3 s.e., still moved
     moved["curves"]["nonadaptive_opt"]["stderr"][1] = 0.0105
@@ -514,7 +543,7 @@ def test_theory_differences_follow_the_stated_rule():
     moved["tau2"] = 0.25 * (1 + 1e-5)                                   # a closed form that moved
     moved["A/tree"]["name"] = "adaptive_opt"
     del moved["budgets"][1]
-    paths = [d["path"] for d in store.theory_differences(stored, moved)]
+    paths = [d["path"] for d in experiments.theory_differences(stored, moved)]
     assert paths == ["A/tree/name", "B/tree/value", "budgets/1", "curves/adaptive_opt/mean/0",
                      "curves/nonadaptive_opt/mean/0", "curves/nonadaptive_opt/stderr/1", "tau2"], paths
 
@@ -523,11 +552,11 @@ def test_run_plans_the_runs_a_grown_definition_adds(tiny, monkeypatch):
     """Runs added to an experiment's definition after its file was started are planned (and
     trained) by the next `experiment run`; the stored runs stay as they are."""
     experiment, tmp = tiny
-    first = store.run("depth-sweep-k6", progress=False, max_items=1)
+    first = experiments.run("depth-sweep-k6", progress=False, max_items=1)
     assert len(first["planned_runs"]) == 4
     grown = replace(experiment, items=experiment.items + (_tiny_item("A-scratch", "tree", (2,)),))
-    monkeypatch.setitem(store.EXPERIMENTS, "depth-sweep-k6", grown)
-    data = store.run("depth-sweep-k6", progress=False)
+    monkeypatch.setitem(experiments.EXPERIMENTS, "depth-sweep-k6", grown)
+    data = experiments.run("depth-sweep-k6", progress=False)
     assert data["planned_runs"] == [r.key for r in grown.runs] and len(data["planned_runs"]) == 5
     stored = json.loads((tmp / "results" / "depth-sweep-k6.json").read_text())
     assert stored["planned_runs"] == data["planned_runs"] and len(stored["runs"]) == 5
@@ -538,16 +567,16 @@ def test_run_brings_an_older_files_rules_up_to_date_without_training(tiny):
     """A complete file written before a rule was stated (or with an older wording) gains
     today's rules from `experiment run`, which trains nothing and keeps every run."""
     experiment, tmp = tiny
-    first = store.run("depth-sweep-k6", progress=False)
+    first = experiments.run("depth-sweep-k6", progress=False)
     path = tmp / "results" / "depth-sweep-k6.json"
     older = json.loads(path.read_text())
-    del older["theory_tolerance_rule"]
-    older["tolerance_rule"] = "an older wording"
+    del older["rules"]["theory_tolerance"]
+    older["rules"]["tolerance"] = "an older wording"
     path.write_text(json.dumps(older))
-    again = store.run("depth-sweep-k6", progress=False)
+    again = experiments.run("depth-sweep-k6", progress=False)
     stored = json.loads(path.read_text())
-    assert stored["theory_tolerance_rule"] == store.THEORY_TOLERANCE_RULE
-    assert stored["tolerance_rule"] == store.TOLERANCE_RULE
+    assert stored["rules"]["theory_tolerance"] == experiments.THEORY_TOLERANCE_RULE
+    assert stored["rules"]["tolerance"] == experiments.TOLERANCE_RULE
     assert stored["runs"] == first["runs"] == again["runs"]
 
 
@@ -560,7 +589,7 @@ def test_verify_stacks_a_run_as_its_last_attempt_was_trained():
     runs = {"a": record("x", 3000), "b": record("x", 3000, 6000), "c": record("x", 3000, 6000, 12000),
             "d": record("y", 3000)}
     data = {"runs": runs}
-    assert [store._stack_size(data, runs[k]) for k in "abcd"] == [3, 2, 1, 1]
+    assert [stack_size(data, runs[k]) for k in "abcd"] == [3, 2, 1, 1]
 
 
 def test_a_resumed_item_counts_the_time_earlier_processes_spent(tiny):
@@ -571,7 +600,7 @@ def test_a_resumed_item_counts_the_time_earlier_processes_spent(tiny):
     item = experiment.items[0]
     configs = [r.config for r in item]
     train_many(configs, [run_dir_for(c, tmp / "runs") for c in configs], until_step=20, progress=False)
-    data = store.run("depth-sweep-k6", progress=False, max_items=2)
+    data = experiments.run("depth-sweep-k6", progress=False, max_items=2)
     prov = data["runs"][item[0].key]["provenance"]
     assert prov["resumed_seconds"] > 0 and prov["cpu_seconds"] >= prov["resumed_seconds"]
     fresh = data["runs"][experiment.items[1][0].key]["provenance"]
@@ -583,8 +612,8 @@ def test_a_definition_with_more_doublings_retrains_only_the_runs_still_falling(t
     retrains with twice the steps the stored runs that have not converged (and only those),
     keeps their earlier attempts, and counts the cost of both trainings."""
     experiment, tmp = tiny
-    monkeypatch.setitem(store.EXPERIMENTS, "depth-sweep-k6", replace(experiment, max_doublings=0))
-    first = store.run("depth-sweep-k6", progress=False)
+    monkeypatch.setitem(experiments.EXPERIMENTS, "depth-sweep-k6", replace(experiment, max_doublings=0))
+    first = experiments.run("depth-sweep-k6", progress=False)
     item = experiment.items[0]
     assert all(len(r["attempts"]) == 1 for r in first["runs"].values())
     assert not first["runs"][item[0].key]["converged"]    # 40 steps: still falling
@@ -594,10 +623,10 @@ def test_a_definition_with_more_doublings_retrains_only_the_runs_still_falling(t
     kept["converged"] = kept["attempts"][-1]["converged"] = True
     path.write_text(json.dumps(stored))
     grown = replace(experiment, max_doublings=1)
-    monkeypatch.setitem(store.EXPERIMENTS, "depth-sweep-k6", grown)
+    monkeypatch.setitem(experiments.EXPERIMENTS, "depth-sweep-k6", grown)
     falling = [k for k, r in stored["runs"].items() if not r["converged"]]
-    assert item[0].key in falling and store.runs_to_double(stored, grown) == falling
-    data = store.run("depth-sweep-k6", progress=False)
+    assert item[0].key in falling and experiments.runs_to_double(stored, grown) == falling
+    data = experiments.run("depth-sweep-k6", progress=False)
     assert len(data["runs"]) == 4 and data["runs"][item[1].key] == kept
     longer = data["runs"][item[0].key]
     assert [a["steps"] for a in longer["attempts"]] == [40, 80] and longer["steps"] == 80
@@ -605,7 +634,7 @@ def test_a_definition_with_more_doublings_retrains_only_the_runs_still_falling(t
     assert longer["history"][-1]["step"] == 80 and "greedy_paired" in longer and "gap" in longer
     before = first["runs"][item[0].key]["provenance"]
     assert longer["provenance"]["earlier"] == [before] and longer["provenance"]["item"] != before["item"]
-    summary = store.provenance_summary(data)
+    summary = experiments.provenance_summary(data)
     items = {p["item"]: p["cpu_seconds"] for r in data["runs"].values()
              for p in [*r["provenance"].get("earlier", []), r["provenance"]]}
     # the two first items, item 0 doubled, item 1 doubled if one of its runs was still falling
@@ -613,9 +642,9 @@ def test_a_definition_with_more_doublings_retrains_only_the_runs_still_falling(t
     assert summary["work_items"] == 3 + doubled_b and before["item"] in items and longer["provenance"]["item"] in items
     assert summary["cpu_seconds"] == pytest.approx(sum(items.values()), abs=0.2)
     # trained alone this time; the kept run was trained beside it
-    assert store._stack_size(data, longer) == 1 and store._stack_size(data, kept) == 2
-    assert "at most 1 times" in json.loads(path.read_text())["convergence_rule"]
-    assert store.load_result("depth-sweep-k6")["runs"][item[0].key]["steps"] == 80
-    assert store.runs_to_double(data, grown) == []
-    again = store.run("depth-sweep-k6", progress=False)   # nothing left to double
+    assert stack_size(data, longer) == 1 and stack_size(data, kept) == 2
+    assert "at most 1 times" in json.loads(path.read_text())["rules"]["convergence"]
+    assert experiments.load_result("depth-sweep-k6")["runs"][item[0].key]["steps"] == 80
+    assert experiments.runs_to_double(data, grown) == []
+    again = experiments.run("depth-sweep-k6", progress=False)   # nothing left to double
     assert again["runs"][item[0].key] == longer

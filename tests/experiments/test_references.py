@@ -7,11 +7,28 @@ import shutil
 import pytest
 import torch
 
-import fvlib.store as store
-from fvlib import TreePrior
-from fvlib.theory import (AdaptivePolicy, FiniteSampleChannel, FixedRows, GreedyRule, OptimisedPolicy, channel_tau2,
-                          evaluate_strategies, mc_contexts, optimise_adaptive_policy, optimise_directions,
-                          policy_from_state, policy_state)
+from fvlib import TreePrior, experiments
+from fvlib.experiments import references
+from fvlib.experiments.definitions import constrained_config
+from fvlib.experiments.provenance import cpu_name
+from fvlib.experiments.records import new_result
+from fvlib.experiments.references import reference_theory, tree_theory
+from fvlib.experiments.storage import RESULTS_ENV, write_result
+from fvlib.experiments.verify import check_theory
+from fvlib.theory import (
+    AdaptivePolicy,
+    FiniteSampleChannel,
+    FixedRows,
+    GreedyRule,
+    OptimisedPolicy,
+    channel_tau2,
+    evaluate_strategies,
+    mc_contexts,
+    optimise_adaptive_policy,
+    optimise_directions,
+    policy_from_state,
+    policy_state,
+)
 from fvlib.training.rundir import tensors_from_bytes, tensors_to_bytes
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -21,13 +38,13 @@ NAME = "depth-sweep-k6"   # stood in for by a K = 3 sweep without runs
 
 def _stand_in(monkeypatch, directory, theory) -> None:
     """NAME defined with ``theory`` and no runs, its results in ``directory``, two starts."""
-    monkeypatch.setitem(store.EXPERIMENTS, NAME, store.Experiment(NAME, "tiny", "x", (), theory))
-    monkeypatch.setattr(store, "OPTIMISER_STARTS", 2)
-    monkeypatch.setenv(store.RESULTS_ENV, str(directory))
+    monkeypatch.setitem(experiments.EXPERIMENTS, NAME, experiments.Experiment(NAME, "tiny", "x", (), theory))
+    monkeypatch.setattr(references, "OPTIMISER_STARTS", 2)
+    monkeypatch.setenv(RESULTS_ENV, str(directory))
 
 
 def _sweep_theory():
-    return store._tree_theory(3, 0.5, 32, 0.0, range(1, 4))
+    return tree_theory(3, 0.5, 32, 0.0, range(1, 4))
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +54,8 @@ def refreshed(tmp_path_factory):
     directory = tmp_path_factory.mktemp("results")
     with pytest.MonkeyPatch.context() as monkeypatch:
         _stand_in(monkeypatch, directory, _sweep_theory())
-        store._write(store.result_path(NAME), store._empty_result(store.get_experiment(NAME)))
-        store.refresh_theory(NAME)
+        write_result(experiments.result_path(NAME), new_result(experiments.get_experiment(NAME)))
+        experiments.refresh_theory(NAME)
     return directory
 
 
@@ -48,12 +65,12 @@ def sweep(refreshed, monkeypatch, tmp_path):
     for path in refreshed.iterdir():
         shutil.copy(path, tmp_path / path.name)
     _stand_in(monkeypatch, tmp_path, _sweep_theory())
-    return store.load_result(NAME)
+    return experiments.load_result(NAME)
 
 
 def _rewrite_params(change) -> None:
     """Rewrite the stored sidecar with ``change(tensors, metadata)`` applied."""
-    path = store.theory_params_path(NAME)
+    path = experiments.theory_params_path(NAME)
     tensors, metadata = tensors_from_bytes(path.read_bytes(), path)
     change(tensors, metadata)
     path.write_bytes(tensors_to_bytes(tensors, metadata))
@@ -85,8 +102,8 @@ def test_policy_state_rebuilds_every_kind():
 
 def test_the_sidecar_holds_every_optimised_reference_and_reproduces_it(sweep):
     data = sweep
-    assert data["theory"]["optimiser_starts"] == 2 and data["theory"]["selection_seed"] == store.SELECTION_SEED
-    tensors, metadata = store.load_theory_params(NAME)
+    assert data["theory"]["optimiser_starts"] == 2 and data["theory"]["selection_seed"] == experiments.SELECTION_SEED
+    tensors, metadata = experiments.load_theory_params(NAME)
     assert metadata["optimiser_starts"] == "2" and metadata["experiment"] == NAME
     for m in (1, 2, 3):
         assert tensors[f"M{m}/nonadaptive_opt/directions"].shape == (m, 7)
@@ -94,10 +111,10 @@ def test_the_sidecar_holds_every_optimised_reference_and_reproduces_it(sweep):
     selection = json.loads(metadata["selection"])
     assert selection["M2/nonadaptive_opt"]["seeds"] == [0, 1]
     # re-evaluated on the stored parameters: the very numbers stored (same CPU)
-    params = store.TheoryParams(tensors, metadata, path="sidecar")
-    assert store.get_experiment(NAME).theory(params) == data["theory"]
+    params = experiments.TheoryParams(tensors, metadata, path="sidecar")
+    assert experiments.get_experiment(NAME).theory(params) == data["theory"]
     assert set(params.tensors) == set(tensors)
-    check = store._check_theory(NAME, store.load_result(NAME))
+    check = check_theory(NAME, experiments.load_result(NAME))
     assert check["differences"] == [] and check["checked"] > 30 and check["reoptimised"] is None
 
 
@@ -107,34 +124,35 @@ def test_a_changed_direction_or_number_fails_the_check(sweep, refreshed):
         Q[1] = torch.nn.functional.normalize(Q[1] + 0.2 * Q[0].roll(1), dim=0)
 
     _rewrite_params(turn)
-    data = store.load_result(NAME)
-    paths = [d["path"] for d in store._check_theory(NAME, data)["differences"]]
+    data = experiments.load_result(NAME)
+    paths = [d["path"] for d in check_theory(NAME, data)["differences"]]
     assert "curves/nonadaptive_opt/mean/1" in paths and all(p.endswith("/1") for p in paths), paths
-    shutil.copy(refreshed / store.theory_params_path(NAME).name, store.theory_params_path(NAME))  # as stored
-    assert store._check_theory(NAME, data)["differences"] == []
+    stored_params = experiments.theory_params_path(NAME)
+    shutil.copy(refreshed / stored_params.name, stored_params)  # as stored
+    assert check_theory(NAME, data)["differences"] == []
     data["theory"]["curves"]["nonadaptive_coord"]["mean"][2] *= 1 + 1e-5   # a number of a fixed rule moved
-    paths = [d["path"] for d in store._check_theory(NAME, data)["differences"]]
+    paths = [d["path"] for d in check_theory(NAME, data)["differences"]]
     assert paths == ["curves/nonadaptive_coord/mean/2"]
 
 
 def test_a_missing_unreadable_or_foreign_sidecar_is_refused_naming_it(sweep):
-    path = store.theory_params_path(NAME)
-    data = store.load_result(NAME)
+    path = experiments.theory_params_path(NAME)
+    data = experiments.load_result(NAME)
     _rewrite_params(lambda tensors, metadata: tensors.update(extra=torch.zeros(1)))
-    with pytest.raises(store.ResultError, match="does not read: extra"):
-        store._check_theory(NAME, data)
+    with pytest.raises(experiments.ResultError, match="does not read: extra"):
+        check_theory(NAME, data)
     _rewrite_params(lambda tensors, metadata: tensors.pop("M3/nonadaptive_opt/directions"))
-    with pytest.raises(store.ResultError, match="M3/nonadaptive_opt/directions"):
-        store._check_theory(NAME, data)
+    with pytest.raises(experiments.ResultError, match="M3/nonadaptive_opt/directions"):
+        check_theory(NAME, data)
     _rewrite_params(lambda tensors, metadata: metadata.update(experiment="other"))
-    with pytest.raises(store.ResultError, match="no theory parameters of experiment"):
-        store._check_theory(NAME, data)
+    with pytest.raises(experiments.ResultError, match="no theory parameters of experiment"):
+        check_theory(NAME, data)
     path.write_bytes(b"not safetensors")
-    with pytest.raises(store.ResultError, match=f"unreadable theory parameters {path}"):
-        store._check_theory(NAME, data)
+    with pytest.raises(experiments.ResultError, match=f"unreadable theory parameters {path}"):
+        check_theory(NAME, data)
     path.unlink()
-    with pytest.raises(store.ResultError, match=f"no stored theory parameters {path}"):
-        store._check_theory(NAME, data)
+    with pytest.raises(experiments.ResultError, match=f"no stored theory parameters {path}"):
+        check_theory(NAME, data)
 
 
 def test_the_best_start_by_the_held_out_loss_is_kept(monkeypatch):
@@ -143,7 +161,7 @@ def test_the_best_start_by_the_held_out_loss_is_kept(monkeypatch):
     tree, budget = TreePrior(3, 0.5), 3
     eye = torch.eye(7, dtype=torch.float64)
     rows = {0: eye[[3, 4, 5]], 1: eye[[0, 1, 2]], 2: eye[[0, 3, 4]]}   # leaves, the first levels, a mix
-    monkeypatch.setattr(store, "optimise_directions", lambda tree_, m, tau2, seed: rows[seed])
+    monkeypatch.setattr(references, "optimise_directions", lambda tree_, m, tau2, seed: rows[seed])
     seen = []
 
     def policies(tree_, m, tau2, directions, seed):
@@ -151,15 +169,15 @@ def test_the_best_start_by_the_held_out_loss_is_kept(monkeypatch):
         kept = {0: FixedRows(directions), 1: GreedyRule(tree), 2: FixedRows(rows[0])}[seed]
         return OptimisedPolicy(kept, {1: "greedy"}.get(seed, "nonadaptive_opt"), AdaptivePolicy(tree, m))
 
-    monkeypatch.setattr(store, "optimise_adaptive_policy", policies)
-    params = store.TheoryParams(starts=3)
+    monkeypatch.setattr(references, "optimise_adaptive_policy", policies)
+    params = experiments.TheoryParams(starts=3)
     Q = params.directions("M3/nonadaptive_opt", tree, 32, 0.0, budget)
     policy = params.policy("M3/adaptive_opt", tree, 32, 0.0, budget, Q)
 
     def held_out(**given):
         name = "adaptive_opt" if "policy" in given else "nonadaptive_opt"
-        return evaluate_strategies(tree, 32, 0.0, budget, samples=store.THEORY_SAMPLES, seed=store.SELECTION_SEED,
-                                   strategies=(name,), **given)[name].mean
+        return evaluate_strategies(tree, 32, 0.0, budget, samples=experiments.THEORY_SAMPLES,
+                                   seed=experiments.SELECTION_SEED, strategies=(name,), **given)[name].mean
 
     losses = [held_out(directions=rows[s]) for s in range(3)]
     assert min(range(3), key=losses.__getitem__) == 1 and len(set(losses)) == 3
@@ -175,11 +193,11 @@ def test_a_reference_theory_shares_one_search_and_checks_each_copy(monkeypatch, 
     """Model B's reference and the tree's nonadaptive_opt are one configuration: one search, two
     stored copies, each re-evaluated on its own."""
     task = dict(depth=3, alpha=0.5, n_ctx=32, noise_std=0.0, budget=2)
-    refs = [store._constrained(v, prior="tree", **task) for v in ("A-warm", "B")]
-    _stand_in(monkeypatch, tmp_path, store._reference_theory(task, refs))
-    store._write(store.result_path(NAME), store._empty_result(store.get_experiment(NAME)))
-    theory = store.refresh_theory(NAME)["theory"]
-    tensors, _ = store.load_theory_params(NAME)
+    refs = [constrained_config(v, prior="tree", **task) for v in ("A-warm", "B")]
+    _stand_in(monkeypatch, tmp_path, reference_theory(task, refs))
+    write_result(experiments.result_path(NAME), new_result(experiments.get_experiment(NAME)))
+    theory = experiments.refresh_theory(NAME)["theory"]
+    tensors, _ = experiments.load_theory_params(NAME)
     assert torch.equal(tensors["B/tree/directions"], tensors["tree/nonadaptive_opt/directions"])
     assert theory["B/tree"]["value"] == theory["tree"]["nonadaptive_opt"]["mean"]
     assert theory["A/tree"]["name"] == "adaptive_greedy" and theory["optimiser_starts"] == 2
@@ -188,17 +206,17 @@ def test_a_reference_theory_shares_one_search_and_checks_each_copy(monkeypatch, 
         tensors["B/tree/directions"] = tensors["B/tree/directions"].roll(1, dims=1)
 
     _rewrite_params(turn)
-    paths = [d["path"] for d in store._check_theory(NAME, store.load_result(NAME))["differences"]]
+    paths = [d["path"] for d in check_theory(NAME, experiments.load_result(NAME))["differences"]]
     assert paths == ["B/tree/stderr", "B/tree/value"]
 
 
 def test_a_full_check_reoptimises_for_information_only(sweep, monkeypatch, capsys):
     """A re-optimisation that lands elsewhere (here: one start instead of the stored two) is
     reported with the CPU and never fails the check."""
-    monkeypatch.setattr(store, "OPTIMISER_STARTS", 1)
-    check = store._check_theory(NAME, sweep, full=True)
+    monkeypatch.setattr(references, "OPTIMISER_STARTS", 1)
+    check = check_theory(NAME, sweep, full=True)
     assert check["differences"] == []
     info = check["reoptimised"]
     paths = [d["path"] for d in info["differences"]]
-    assert info["cpu"] == store._cpu_name() and "optimiser_starts" in paths and len(paths) > 1
+    assert info["cpu"] == cpu_name() and "optimiser_starts" in paths and len(paths) > 1
     assert f"re-optimised on {info['cpu']}" in capsys.readouterr().out

@@ -1,0 +1,133 @@
+"""The book's long experiments as named, resumable jobs, stored in ``results/NAME.json``.
+
+``python -m fvlib experiment run NAME`` trains an experiment of :data:`EXPERIMENTS` into
+``results/NAME.json`` (:func:`run`), which the chapters read (``from fvlib import experiments``;
+:func:`load_result`, :func:`stored` and the readers: :func:`point_rows`, :func:`depth_sweep_of`,
+:func:`decay_fits`, ...) and CI re-checks (``experiment verify NAME``, :func:`verify`).
+
+Modules, in layers from the bottom up; a module imports only from the layers below it
+(``tests/core/test_import_layers.py`` checks this)::
+
+    inbuild, beside_theory, rules, provenance
+                              the chapters' in-build runs (shared runs, seeds, the depth sweep,
+                              the runs trained ahead of the chapters) and the loops that train
+                              them; a trained model beside the theory (matching baselines, greedy
+                              on the same contexts, the gap to the adaptive references); the rules
+                              (convergence, doubling, tolerances, failure) and their functions;
+                              where and how a run was computed
+    reproduce, records        ``python -m fvlib reproduce`` (the headline results as JSON files);
+                              the result file as typed records (version 2; version 1 read)
+    references                the theory references and their optimised parameters (TheoryParams)
+    definitions               the named experiments (Run, Experiment, EXPERIMENTS)
+    storage                   where the result files live; reading, writing, locking them
+    readers                   what the chapters read: tables, sweeps, fits
+    runner                    training an experiment (run, refresh_theory, stored)
+    verify                    checking a stored experiment against today's code
+
+The process pool of ``--jobs`` and of ``warm`` is :func:`fvlib.workers.worker_pool`; files are
+written and locked through :mod:`fvlib.files`.
+"""
+
+from .definitions import (
+                          EXPERIMENTS,
+                          RECIPE_STEPS,
+                          TRANSFORMER_RECIPE_STEPS,
+                          Experiment,
+                          Run,
+                          estimate_seconds,
+                          experiment_names,
+                          get_experiment,
+                          run_key,
+)
+from .provenance import provenance, provenance_line, provenance_summary
+from .readers import (
+                          attempt_loss,
+                          decay_fits,
+                          depth_sweep_of,
+                          point_rows,
+                          summarise,
+                          sweep_table_rows,
+                          theory_curves,
+)
+from .records import ResultError, ResultFile, RunRecord
+from .references import OPTIMISER_STARTS, SELECTION_SEED, THEORY_SAMPLES, TheoryParams
+from .rules import (
+                          CONVERGENCE_DROP,
+                          FAILURE_COORD_FRACTION,
+                          FAILURE_RULE,
+                          MAX_DOUBLINGS,
+                          PREFIX_RTOL,
+                          PREFIX_RULE,
+                          THEORY_TOLERANCE_RULE,
+                          TOLERANCE_RULE,
+                          converged,
+                          doubling_gain,
+                          failed,
+                          last_fifth_drop,
+                          runs_to_double,
+)
+from .runner import GAP_CONTEXTS, refresh_theory, run, stored
+from .storage import (
+                          load_result,
+                          load_theory_params,
+                          read_result,
+                          result_path,
+                          results_dir,
+                          theory_params_path,
+)
+from .verify import prefix_runs, theory_differences, verify
+
+__all__ = [
+    "CONVERGENCE_DROP",
+    "EXPERIMENTS",
+    "FAILURE_COORD_FRACTION",
+    "FAILURE_RULE",
+    "GAP_CONTEXTS",
+    "MAX_DOUBLINGS",
+    "OPTIMISER_STARTS",
+    "PREFIX_RTOL",
+    "PREFIX_RULE",
+    "RECIPE_STEPS",
+    "SELECTION_SEED",
+    "THEORY_SAMPLES",
+    "THEORY_TOLERANCE_RULE",
+    "TOLERANCE_RULE",
+    "TRANSFORMER_RECIPE_STEPS",
+    "Experiment",
+    "ResultError",
+    "ResultFile",
+    "Run",
+    "RunRecord",
+    "TheoryParams",
+    "attempt_loss",
+    "converged",
+    "decay_fits",
+    "depth_sweep_of",
+    "doubling_gain",
+    "estimate_seconds",
+    "experiment_names",
+    "failed",
+    "get_experiment",
+    "last_fifth_drop",
+    "load_result",
+    "load_theory_params",
+    "point_rows",
+    "prefix_runs",
+    "provenance",
+    "provenance_line",
+    "provenance_summary",
+    "read_result",
+    "refresh_theory",
+    "result_path",
+    "results_dir",
+    "run",
+    "run_key",
+    "runs_to_double",
+    "stored",
+    "summarise",
+    "sweep_table_rows",
+    "theory_curves",
+    "theory_differences",
+    "theory_params_path",
+    "verify",
+]

@@ -1,0 +1,178 @@
+"""The rules of the stored experiments, each stated in words beside the function that applies it.
+
+* **Convergence** (:data:`CONVERGENCE_DROP`, :func:`last_fifth_drop`, :func:`converged`): a run
+  whose evaluation loss still fell by 2% or more over the last fifth of its steps is trained
+  again from the start with twice the steps, at most :data:`MAX_DOUBLINGS` times
+  (:func:`may_double`, :func:`runs_to_double`; :func:`doubling_gain`: what a doubling bought).
+* **Tolerances** of the verification: :data:`PREFIX_RULE` (the quick check, :data:`PREFIX_RTOL`),
+  :data:`TOLERANCE_RULE` (a retrained run, :func:`tolerance`), :data:`THEORY_TOLERANCE_RULE`
+  (the references; the strategies that choose: :func:`fvlib.theory.choosing_strategies`).
+* **Failure** (:data:`FAILURE_RULE`, :func:`failed`).
+
+Every result file states the rules it was written under (:mod:`fvlib.experiments.records`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..families import get_family
+
+__all__ = [
+    "CONVERGENCE_DROP",
+    "FAILURE_COORD_FRACTION",
+    "FAILURE_RULE",
+    "MAX_DOUBLINGS",
+    "PREFIX_RTOL",
+    "PREFIX_RULE",
+    "THEORY_TOLERANCE_RULE",
+    "TOLERANCE_RULE",
+    "converged",
+    "doubling_gain",
+    "failed",
+    "last_fifth_drop",
+    "may_double",
+    "point_of",
+    "runs_to_double",
+    "tolerance",
+]
+
+#: A run whose loss still falls this much (relative) over its last fifth is not converged.
+CONVERGENCE_DROP = 0.02
+
+
+#: How many times :func:`run` doubles the steps of a run that has not converged.
+MAX_DOUBLINGS = 2
+
+
+#: The quick check's relative tolerance (:data:`PREFIX_RULE`). Early training is where float
+#: rounding is amplified most: the first evaluation (step 150) of depth-sweep-k7's model A at
+#: M = 2, seed 0, is 0.5228 stored, 0.488 retrained alone, 0.475 in a stack of two and 0.528 in a
+#: stack of three, on two AMD EPYC machines (up to 9%); a stored transformer A' (transformers-k4)
+#: lands 6% away on another CPU. A change to what the models compute moves it far more: the gated
+#: router's forward without its gate (one line) raises the first evaluation of the quick check's
+#: runs of model A by 38% to 95% (tests/experiments/test_verify.py).
+PREFIX_RTOL = 0.15
+
+
+#: How :func:`verify`'s quick check judges a retrained prefix (stored in every result file).
+PREFIX_RULE = (
+    "the quick check retrains, for each model family of the file (A, B, C, A', B', open A'), its cheapest "
+    "stored run of two layers or more (so that a router reads the workspace; any run where the family has "
+    "none) from its stored config up to its first evaluation after step 0 (a twentieth of its steps), "
+    "alone, and compares the evaluation losses at step 0 and "
+    "at that step with the stored history: each within the relative tolerance prefix_rtol that the "
+    "experiment's definition states ({rtol:g} here), not one computed from the stored numbers")
+
+
+#: How :func:`verify` judges a retrained run (stored in every result file).
+TOLERANCE_RULE = (
+    "|retrained - stored| <= max(3 * stored_stderr, spread): a rerun of a stored config on "
+    "another CPU differs in the last bits, which training can amplify, so it must land within "
+    "the training variability of its point (spread: the standard deviation of the final loss "
+    "over the point's seeds) or within three Monte Carlo standard errors of the stored value")
+
+
+#: How :func:`theory_differences` compares a stored reference value with its re-evaluation
+#: (stored in every result file).
+THEORY_TOLERANCE_RULE = (
+    "the references are re-evaluated from the experiment's definition with the optimised parameters "
+    "stored beside the file (NAME.theory.safetensors: nonadaptive_opt's directions and adaptive_opt's "
+    "policies, each the best of optimiser_starts starts by its loss on held-out contexts of "
+    "selection_seed) on the stored Monte Carlo seeds: a number of a policy that chooses its "
+    "measurements from the context (adaptive_greedy, adaptive_opt, or a reference of that name) "
+    "must land within 3 of its stored standard errors, a standard error within 10% of itself "
+    "(another CPU can break a near tie of a choice differently in a few contexts); every other "
+    "number (fixed directions or coordinates, LMMSE, closed forms, counts) within a relative 1e-6; "
+    "every name must be the same. A re-optimisation (verify's full check) lands in another local "
+    "optimum on another CPU: it is reported with its CPU, never judged")
+
+
+#: When a stored run counts as failed (:func:`failed`; the book reports failures as such).
+FAILURE_RULE = ("a tree-prior run of a model with a nonlinear decoder (A, B, A', B') fails when its final loss is "
+                "not at least 10% below the loss of measuring the first M coordinates in heap order (the "
+                "theory's nonadaptive_coord, which needs no learned direction and no routing); a run of the "
+                "linear model C, or any run on a Gaussian prior, fails when it is more than 1.5 times its "
+                "matching reference (LMMSE on the tree, the budget's closed form on the twin)")
+
+
+#: The fraction of the heap-order coordinate loss a tree run must end below (:data:`FAILURE_RULE`).
+FAILURE_COORD_FRACTION = 0.9
+
+
+def last_fifth_drop(history: Sequence[dict], steps: int) -> float:
+    """How much the evaluation loss fell, relative, over the last fifth of ``steps``: from the
+    last evaluation at or before step ``0.8 steps`` to the final one (``nan`` when the history
+    does not reach ``steps`` or a loss is not finite)."""
+    final = history[-1]
+    if final["step"] != steps:
+        return math.nan
+    start = [h for h in history if h["step"] <= 0.8 * steps][-1]
+    before, after = start["eval_excess_loss"], final["eval_excess_loss"]
+    if not (math.isfinite(before) and math.isfinite(after)):
+        return math.nan
+    return 0.0 if before <= 0 else (before - after) / before
+
+
+def doubling_gain(record: dict) -> float:
+    """How much the run's last doubling lowered its final loss, relative: ``1 - last / previous``
+    over its last two attempts (negative when the longer run ended higher; ``nan`` for a run
+    trained once). It tells what more steps bought, where :func:`last_fifth_drop` also counts
+    the fall of the loss while a cosine schedule anneals the learning rate to zero."""
+    attempts = record["attempts"]
+    if len(attempts) < 2:
+        return math.nan
+    return 1.0 - attempts[-1]["final_loss"] / attempts[-2]["final_loss"]
+
+
+def converged(history: Sequence[dict], steps: int) -> bool:
+    """``True`` when the evaluation loss fell by less than 2% over the last fifth of ``steps``
+    (:func:`last_fifth_drop`)."""
+    return bool(last_fifth_drop(history, steps) < CONVERGENCE_DROP)
+
+
+def may_double(attempts: list, experiment) -> bool:
+    """A run (its attempts so far) that has not converged and may be retrained with twice the
+    steps: it had fewer doublings than the experiment allows."""
+    return not attempts[-1]["converged"] and len(attempts) - 1 < experiment.max_doublings
+
+
+def runs_to_double(data: dict, experiment) -> list[str]:
+    """The keys of the stored runs that :func:`run` would retrain with twice the steps: not
+    converged, with fewer doublings than ``experiment.max_doublings`` (which a definition may
+    raise after its runs were stored)."""
+    return [k for k, r in data["runs"].items() if may_double(r["attempts"], experiment)]
+
+
+def point_of(record: dict) -> tuple:
+    """A stored run's point: ``(variant, prior, budget)``; its seeds are the runs of one point."""
+    return (record["variant"], record["prior"], record["budget"])
+
+
+def tolerance(data: dict, record: dict) -> float:
+    """How far a retrained run's final loss may land from ``record``'s (a run of ``data``), by
+    :data:`TOLERANCE_RULE`."""
+    same = [r["final_loss"] for r in data["runs"].values() if point_of(r) == point_of(record)]
+    spread = float(np.std(same, ddof=1)) if len(same) > 1 else 0.0
+    return max(3 * record["final_stderr"], spread)
+
+
+def failed(data: dict, record: dict) -> bool:
+    """``True`` when ``record`` (a run of ``data``) failed by :data:`FAILURE_RULE`."""
+    theory = data["theory"] or {}
+    config = record["config"]
+    linear = get_family(config["arch"]).model_label(config["model"]) == "C"
+    if record["prior"] == "tree" and not linear:
+        kind = data["theory_kind"]
+        if kind == "depth-sweep":
+            coord = theory["curves"]["nonadaptive_coord"]["mean"][theory["budgets"].index(record["budget"])]
+        elif kind == "per-budget":   # one task per budget (recipes-a)
+            coord = theory[f"M{record['budget']}"]["nonadaptive_coord"]["mean"]
+        else:
+            coord = theory["tree"]["nonadaptive_coord"]["mean"]
+        return not record["final_loss"] < FAILURE_COORD_FRACTION * coord
+    matching = theory[f"{config['model']}/{record['prior']}"]["value"]
+    return not record["final_loss"] <= 1.5 * matching

@@ -1,0 +1,225 @@
+"""Checking a stored experiment against today's code: ``python -m fvlib experiment verify NAME``.
+
+:func:`verify`'s quick check retrains a prefix of the cheapest stored run of each model family
+(:func:`prefix_runs`, :data:`~fvlib.experiments.rules.PREFIX_RULE`); ``full=True`` retrains the
+cheapest stored runs to the end (:data:`~fvlib.experiments.rules.TOLERANCE_RULE`) and
+re-optimises the references for information. First, the stored references are re-evaluated with
+the stored parameters on the stored Monte Carlo seeds and compared (:func:`check_theory`,
+:func:`theory_differences`, :data:`~fvlib.experiments.rules.THEORY_TOLERANCE_RULE`), so that a
+change of the theory code that moves a stored reference is noticed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+
+from ..families import get_family
+from ..theory import choosing_strategies
+from ..training import TrainConfig, train_many
+from .definitions import estimate_seconds, get_experiment
+from .provenance import cpu_name, items_of
+from .records import ResultError
+from .references import TheoryParams
+from .rules import tolerance
+from .storage import load_result, load_theory_params, result_path, theory_params_path
+
+__all__ = ["check_theory", "prefix_runs", "stack_size", "theory_differences", "verify"]
+
+def _numbers(tree, path: str = "") -> dict:
+    """The leaves of a JSON-able ``tree`` by path (``"curves/adaptive_opt/mean/3"``)."""
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in _numbers(sub, f"{path}/{key}").items()}
+    if isinstance(tree, list):
+        return {k: v for i, sub in enumerate(tree) for k, v in _numbers(sub, f"{path}/{i}").items()}
+    return {path.lstrip("/"): tree}
+
+
+def _stderr_path(path: str) -> str | None:
+    """The path of the standard error stored beside a Monte Carlo mean (``mean`` or ``value``)."""
+    parts = path.split("/")
+    for i in range(len(parts) - 1, -1, -1):
+        if parts[i] in ("mean", "value"):
+            return "/".join(parts[:i] + ["stderr"] + parts[i + 1:])
+    return None
+
+
+def _chooses(path: str, numbers: dict) -> bool:
+    """A number of a strategy of :func:`fvlib.theory.choosing_strategies`: named in its path
+    (``"curves/adaptive_opt/mean/3"``), or a reference whose ``name`` is one (``"A/tree/value"``)."""
+    parts = path.split("/")
+    choosing = choosing_strategies()
+    return any(p in choosing for p in parts) or numbers.get("/".join(parts[:-1] + ["name"])) in choosing
+
+
+def theory_differences(stored: dict, fresh: dict) -> list[dict]:
+    """Where a re-evaluated theory ``fresh`` differs from the ``stored`` one, by
+    :data:`THEORY_TOLERANCE_RULE`: one ``{"path", "stored", "fresh", "tolerance"}`` per leaf that
+    differs (a leaf present in only one of them counts, with ``None`` for the missing side). A
+    number of a strategy that chooses its measurements (:func:`fvlib.theory.choosing_strategies`)
+    may move by 3 of its stored standard errors (a mean) or 10% (a standard error); any other by a
+    relative 1e-6."""
+    old, new = _numbers(stored), _numbers(fresh)
+    out = []
+    for path in sorted(set(old) | set(new)):
+        a, b = old.get(path), new.get(path)
+        numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (a, b))
+        if not numeric:
+            if a != b:
+                out.append({"path": path, "stored": a, "fresh": b, "tolerance": 0.0})
+            continue
+        se = old.get(_stderr_path(path) or "")
+        tol = 1e-6 * (1 + abs(a))
+        if _chooses(path, old):
+            if isinstance(se, (int, float)) and math.isfinite(se):
+                tol = max(tol, 3 * se)
+            elif "stderr" in path.split("/"):
+                tol = max(tol, 0.1 * abs(a))
+        if not (abs(a - b) <= tol or (a != a and b != b)):   # nan == nan here
+            out.append({"path": path, "stored": a, "fresh": b, "tolerance": tol})
+    return out
+
+
+def verify(name: str, runs: int = 1, *, directory=None, device: str = "cpu", progress: bool = False,
+           theory: bool = True, full: bool = False) -> dict:
+    """Check a stored experiment against today's code.
+
+    The quick check (default): for each model family of the file, retrain a prefix of its
+    cheapest stored run and compare it with the stored history (:data:`PREFIX_RULE`, tolerance
+    :attr:`Experiment.prefix_rtol` of the definition). ``full``: retrain the ``runs`` cheapest
+    stored runs to the end instead (in memory, batched as they were stored, so that the same CPU
+    gives the same bits) and compare their final losses (:data:`TOLERANCE_RULE`), and re-optimise
+    the references for information. With ``theory`` (first) the stored references are
+    re-evaluated from their stored parameters and compared (:func:`theory_differences`; a
+    missing or unreadable parameter file raises :class:`ResultError` naming it).
+
+    Returns ``{"experiment", "ok", "mode", "checked": [...], "configs_rebuilt", "theory": {...} or
+    None}``; every stored config is also rebuilt (``TrainConfig.from_dict`` and its model) first.
+    """
+    if not isinstance(runs, int) or isinstance(runs, bool) or runs < 1:
+        raise ValueError(f"runs must be a positive integer, got {runs!r}")
+    data = load_result(name, directory)
+    if not data["runs"]:
+        raise ResultError(f"{result_path(name, directory)} holds no runs yet")
+    # first: a missing parameter file fails before any training
+    theory_check = check_theory(name, data, directory, full) if theory else None
+    configs = {k: TrainConfig.from_dict(r["config"]) for k, r in data["runs"].items()}
+    for config in configs.values():
+        config.model_config()
+    if full:
+        chosen = sorted(configs, key=lambda k: estimate_seconds(configs[k]))[:runs]
+        checked = [check_whole_run(data, key, configs[key], device, progress) for key in chosen]
+    else:
+        rtol = get_experiment(name).prefix_rtol
+        checked = [check_prefix(data, key, configs[key], rtol, device, progress)
+                   for key in prefix_runs(data).values()]
+    ok = all(c["ok"] for c in checked) and not (theory_check and theory_check["differences"])
+    return {"experiment": name, "ok": ok, "mode": "full" if full else "prefix", "checked": checked,
+            "configs_rebuilt": len(configs), "theory": theory_check}
+
+
+def _family(config: TrainConfig) -> str:
+    """A run's model family: ``A``, ``B``, ``C`` or, for the standard transformers, ``A'``, ``B'``,
+    ``A'-open``."""
+    return get_family(config.arch).model_label(config.model)
+
+
+def _prefix_steps(record: dict) -> int:
+    """The step of a stored run's first evaluation after step 0."""
+    return min(e["step"] for e in record["history"] if e["step"] > 0)
+
+
+def prefix_runs(data: dict) -> dict[str, str]:
+    """``{family: key}``: the stored run whose prefix :func:`verify`'s quick check retrains for each
+    model family (:data:`PREFIX_RULE`): the cheapest to its first evaluation, among the family's
+    runs of two layers or more where it has any."""
+    by_family: dict[str, list[str]] = {}
+    for key, record in data["runs"].items():
+        by_family.setdefault(_family(TrainConfig.from_dict(record["config"])), []).append(key)
+
+    def cost(key):
+        config = TrainConfig.from_dict(data["runs"][key]["config"])
+        return estimate_seconds(config) * _prefix_steps(data["runs"][key]) / config.steps
+
+    def deep(key):
+        return TrainConfig.from_dict(data["runs"][key]["config"]).model_config().n_layers >= 2
+
+    return {family: min([k for k in keys if deep(k)] or keys, key=cost) for family, keys in sorted(by_family.items())}
+
+
+def check_prefix(data: dict, key: str, config: TrainConfig, rtol: float, device: str, progress: bool) -> dict:
+    """Retrain ``key``'s first evaluation period and compare its evaluations with the stored history."""
+    record, start = data["runs"][key], time.perf_counter()
+    stop = _prefix_steps(record)
+    result = train_many([replace(config, device=device)], progress=progress, until_step=stop)[0]
+    stored = {e["step"]: e["eval_excess_loss"] for e in record["history"] if e["step"] <= stop}
+    fresh = {e["step"]: e["eval_excess_loss"] for e in result.history}
+    worst = max(abs(fresh[step] - value) / abs(value) for step, value in stored.items())
+    return {"key": key, "steps": stop, "stored": stored[stop], "retrained": fresh[stop],
+            "difference": abs(fresh[stop] - stored[stop]), "relative": worst, "tolerance": rtol,
+            "ok": bool(worst <= rtol), "seconds": round(time.perf_counter() - start, 1)}
+
+
+def check_whole_run(data: dict, key: str, config: TrainConfig, device: str, progress: bool) -> dict:
+    """Retrain ``key`` to the end, batched as it was stored, and compare its final loss
+    (:data:`TOLERANCE_RULE`)."""
+    record, start = data["runs"][key], time.perf_counter()
+    # trained as it was stored: in a stack of models (any stack of two or more gives the
+    # same numbers) or alone in train_many, so that the same CPU reproduces it bit for bit
+    stack = min(2, stack_size(data, record))
+    result = train_many([replace(config, device=device)] * stack, progress=progress)[0]
+    tol = tolerance(data, record)
+    diff = abs(result.final_loss - record["final_loss"])
+    return {"key": key, "steps": config.steps, "stored": record["final_loss"], "retrained": result.final_loss,
+            "difference": diff, "tolerance": tol, "ok": bool(diff <= tol),
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+def stack_size(data: dict, record: dict) -> int:
+    """How many models the last attempt of a stored run was trained with in one
+    :func:`~fvlib.training.batched.train_many` call: the runs of its work item that made an
+    attempt of the same length (:func:`_train_item` trains them together)."""
+    item = record["provenance"].get("item")
+    siblings = [r for r in data["runs"].values() if item in items_of(r)] if item else [record]
+    return sum(any(a["steps"] == record["steps"] for a in r["attempts"]) for r in siblings)
+
+
+def check_theory(name: str, data: dict, directory=None, full: bool = False) -> dict:
+    """The theory check of :func:`verify`: the references re-evaluated with the stored parameters
+    (:func:`load_theory_params`; all of them must be read) against the stored ones; with ``full``
+    also ``"reoptimised"`` (:func:`_reoptimise`, for information)."""
+    start = time.perf_counter()
+    path = theory_params_path(name, directory)
+    if data.get("theory") is None:
+        return {"checked": 0, "differences": [{"path": "theory", "stored": None, "fresh": "missing",
+                                               "tolerance": 0.0}], "seconds": 0.0, "parameters": str(path)}
+    params = TheoryParams(*load_theory_params(name, directory), path=path)
+    fresh = get_experiment(name).theory(params)
+    unread = sorted(set(params.stored) - set(params.tensors))
+    if unread:
+        raise ResultError(f"{path} holds parameters the definition of {name!r} does not read: {', '.join(unread)}")
+    out = {"checked": len(_numbers(data["theory"])), "differences": theory_differences(data["theory"], fresh),
+           "seconds": round(time.perf_counter() - start, 1), "parameters": str(path), "reoptimised": None}
+    if full:
+        out["reoptimised"] = _reoptimise(name, data)
+    return out
+
+
+def _reoptimise(name: str, data: dict) -> dict:
+    """The references of ``name`` with their parameters searched again here, against the stored
+    ones, printed for information (another CPU lands in other local optima; never judged):
+    ``{"cpu", "seconds", "checked", "differences" (:func:`theory_differences`), "largest"
+    (the largest relative change of a number, or None)}``."""
+    start = time.perf_counter()
+    fresh = get_experiment(name).theory(TheoryParams())
+    diffs = theory_differences(data["theory"], fresh)
+    moved = [d for d in diffs if all(isinstance(d[k], (int, float)) for k in ("stored", "fresh"))]
+    largest = max(moved, key=lambda d: abs(d["fresh"] - d["stored"]) / max(abs(d["stored"]), 1e-300), default=None)
+    out = {"cpu": cpu_name(), "seconds": round(time.perf_counter() - start, 1),
+           "checked": len(_numbers(data["theory"])), "differences": diffs, "largest": largest}
+    change = (f"; largest {largest['path']}: stored {largest['stored']:.4g}, re-optimised {largest['fresh']:.4g}"
+              if largest else "")
+    print(f"{name}: references re-optimised on {out['cpu']} in {out['seconds']} s, for information: "
+          f"{len(diffs)} of {out['checked']} values differ from the stored ones{change}")
+    return out

@@ -1,0 +1,59 @@
+"""The result file as typed records: version 1 read as version 2 without a number changed."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fvlib.experiments import ResultError, ResultFile, experiment_names, result_path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _as_version_1(data: dict) -> dict:
+    """A version-2 result's JSON written back as version 1 wrote it (rules at the top level)."""
+    old = {k: v for k, v in data.items() if k not in ("rules", "theory_kind")}
+    old["version"] = 1
+    old.update({f"{k}_rule": v for k, v in data["rules"].items()})
+    return old
+
+
+@pytest.mark.parametrize("name", experiment_names())
+def test_every_stored_file_is_version_2_and_round_trips(name):
+    data = json.loads(result_path(name).read_text())
+    assert data["version"] == 2
+    assert ResultFile.from_dict(data).to_dict() == data
+
+
+def test_a_version_1_file_reads_as_version_2(tmp_path):
+    data = json.loads(result_path("recipes-a").read_text())
+    upgraded = ResultFile.from_dict(_as_version_1(data)).to_dict()
+    assert upgraded == data and upgraded["theory_kind"] == "per-budget"
+
+
+def test_an_unknown_version_or_field_is_refused_naming_it():
+    data = json.loads(result_path("transformers-k4").read_text())
+    with pytest.raises(ResultError, match="unknown result file version 3"):
+        ResultFile.from_dict({**data, "version": 3})
+    key = next(iter(data["runs"]))
+    data["runs"][key]["colour"] = "red"
+    with pytest.raises(ResultError, match=rf"runs/{key}.* unknown fields \['colour'\]"):
+        ResultFile.from_dict(data)
+
+
+def test_the_compare_script_counts_the_numbers_and_names_a_change(tmp_path):
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir(), new.mkdir()
+    data = json.loads(result_path("recipes-transformer-k4").read_text())
+    (old / "x.json").write_text(json.dumps(_as_version_1(data)))
+    (new / "x.json").write_text(json.dumps(data))
+    script = [sys.executable, str(ROOT / "scripts" / "compare_result_numbers.py"), str(old), str(new)]
+    same = subprocess.run(script, capture_output=True, text=True, timeout=120, check=False)
+    assert same.returncode == 0 and ", 0 differences" in same.stdout
+    key = next(iter(data["runs"]))
+    data["runs"][key]["final_loss"] += 1e-12
+    (new / "x.json").write_text(json.dumps(data))
+    changed = subprocess.run(script, capture_output=True, text=True, timeout=120, check=False)
+    assert changed.returncode == 1 and f"runs/{key}/final_loss" in changed.stdout
