@@ -57,7 +57,7 @@ class ModelFamily:
         models: the model letters it builds (``'A'``, ``'B'``, ...).
         config_class: the class of its models' configs (its ``from_dict`` reads a saved one).
         model_class: the class of its models, built from a config: ``model_class(config)``.
-        build_config: the :data:`ConfigBuilder` of a model's config.
+        build_config: the ``ConfigBuilder`` of a model's config.
         hook_family: its family of hook names in :data:`fvlib.hooks.FAMILIES`.
         reads_statistic: its models read a context only through its pooled statistic, so its
             runs train on the statistic by default (``TrainConfig.inputs``).
@@ -84,7 +84,8 @@ class ModelFamily:
 
     @property
     def input_path(self) -> str:
-        """What a run of the family draws and its models read by default: ``'statistic'`` or ``'tokens'``."""
+        """The input path of the family's runs by default, ``'statistic'`` or ``'tokens'`` (what a
+        run draws and its models read)."""
         return "statistic" if self.reads_statistic else "tokens"
 
     def model_label(self, model: str) -> str:

@@ -19,8 +19,8 @@ All sampling goes through an explicit :class:`torch.Generator`, so results are r
 **The prior kinds** a config names (``TrainConfig.prior``) are registered here, each once with its
 builder ``(depth, alpha) -> Prior``: :func:`make_prior` looks the kind up, :func:`prior_kinds`
 lists them, and a new prior is a class plus one :func:`register_prior` line. What code asks of a
-prior it asks of the object (:attr:`Prior.is_tree`: sign paths, the exact tree posterior) or of
-its kind (:attr:`PriorKind.is_tree`), never of a class name.
+prior it asks of the object (:attr:`~fvlib.priors.Prior.is_tree`: sign paths, the exact tree
+posterior) or of its kind (:attr:`~fvlib.priors.PriorKind.is_tree`), never of a class name.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ class Prior:
 
     dim: int
     dtype: torch.dtype = torch.float64
+    #: The prior is a balanced binary tree of sign paths with the interface of :class:`TreePrior`.
     is_tree: bool = False
 
     def sample(self, batch: int, generator: torch.Generator) -> torch.Tensor:
@@ -245,9 +246,15 @@ PriorBuilder = Callable[[int, float], Prior]
 
 @dataclass(frozen=True)
 class PriorKind:
-    """A registered prior kind: its ``name`` (``TrainConfig.prior``), its ``build`` and a
-    one-line ``description``. ``is_tree``: its priors are trees (:attr:`Prior.is_tree`), read
-    once from the prior it builds at depth 1 when it is registered."""
+    """A registered prior kind.
+
+    Attributes:
+        name: its name (``TrainConfig.prior``).
+        build: its ``PriorBuilder``, ``(depth, alpha) -> Prior``.
+        description: one line for listings.
+        is_tree: its priors are trees (:attr:`Prior.is_tree`), read once from the prior it
+            builds at depth 1 when it is registered.
+    """
 
     name: str
     build: PriorBuilder

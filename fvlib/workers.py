@@ -1,10 +1,10 @@
 """Worker processes that end when the process that started them ends, however it ends.
 
 :func:`worker_pool` is the one process pool of fvlib: a
-:class:`concurrent.futures.ProcessPoolExecutor` (``spawn`` start method: a forked copy of a
+``ProcessPoolExecutor`` (``spawn`` start method: a forked copy of a
 process whose torch threads hold locks can hang), behind :meth:`WorkerPool.imap_unordered`, of
 :func:`fvlib.experiments.inbuild.train_parallel` (``python -m fvlib warm``) and of
-:func:`fvlib.experiments.run` (``python -m fvlib experiment run --jobs``):
+:func:`~fvlib.experiments.runner.run` (``python -m fvlib experiment run --jobs``):
 
 * each worker asks the kernel to kill it when its parent dies (Linux: ``prctl(PR_SET_PDEATHSIG)``
   through ``ctypes``); elsewhere a thread of the worker checks ``os.getppid()`` every

@@ -4,8 +4,8 @@ The contract (subcommands, flags, JSON keys) is the book's appendix *Conventions
 
 Bad input never shows a traceback: the message names the flag and the bad value on one line
 and the exit status is 2, before any expensive work. Sizes are checked against an estimate of
-their cost first (:mod:`fvlib.cli.limits`); ``train`` shows its progress. The flags of ``train``
-that set the run are the fields of :class:`fvlib.training.TrainConfig`, whose own checks judge
+their cost first (``fvlib.cli.limits``); ``train`` shows its progress. The flags of ``train``
+that set the run are the fields of :class:`~fvlib.training.config.TrainConfig`, whose own checks judge
 them. JSON output holds ``null`` where a number is not finite, never a bare ``NaN`` or
 ``Infinity``.
 
@@ -20,7 +20,7 @@ The modules, in layers from the bottom up; a module imports only from the layers
     dispatch        the subcommands, one function each
     parser          the parser of every subcommand
 
-:func:`main` (here) parses, runs the subcommand and prints its result.
+``main`` (here) parses, runs the subcommand and prints its result.
 """
 
 from __future__ import annotations

@@ -1,9 +1,12 @@
 """The book's long experiments as named, resumable jobs, stored in ``results/NAME.json``.
 
-``python -m fvlib experiment run NAME`` trains an experiment of :data:`EXPERIMENTS` into
-``results/NAME.json`` (:func:`run`), which the chapters read (``from fvlib import experiments``;
-:func:`load_result`, :func:`stored` and the readers: :func:`point_rows`, :func:`depth_sweep_of`,
-:func:`decay_fits`, ...) and CI re-checks (``experiment verify NAME``, :func:`verify`).
+``python -m fvlib experiment run NAME`` trains an experiment of
+:data:`~fvlib.experiments.definitions.EXPERIMENTS` into ``results/NAME.json``
+(:func:`~fvlib.experiments.runner.run`), which the chapters read (``from fvlib import experiments``;
+:func:`~fvlib.experiments.storage.load_result`, :func:`~fvlib.experiments.runner.stored` and the
+readers: :func:`~fvlib.experiments.readers.point_rows`,
+:func:`~fvlib.experiments.readers.depth_sweep_of`, :func:`~fvlib.experiments.readers.decay_fits`,
+...) and CI re-checks (``experiment verify NAME``, :func:`~fvlib.experiments.verify.verify`).
 
 Modules, in layers from the bottom up; a module imports only from the layers below it
 (``tests/core/test_import_layers.py`` checks this)::

@@ -99,7 +99,7 @@ def baseline_predictor(config: TrainConfig, seed: int = 0):
 def compare_with_theory(model, config: TrainConfig, contexts: int = 4000, seed: int = 0) -> dict:
     """A trained model's excess loss next to its matching theory baseline, **paired**: both on
     the same ``contexts`` evaluation contexts (drawn with ``seed + EVAL_SEED_OFFSET``, those of
-    :func:`evaluate`).
+    :func:`~fvlib.training.evaluate.evaluate`).
 
     Tree prior: the baseline of :data:`MATCHING_BASELINE` as a predictor
     (:func:`baseline_predictor`) on the model's own contexts; ``ratio`` is the paired ratio of
@@ -165,7 +165,7 @@ def gap_table(model, config: TrainConfig, *, contexts: int = 4000, seed: int = 0
 
     Rows (``(mean, stderr)`` of the excess loss): ``adaptive_greedy``, ``nonadaptive_opt`` and
     ``adaptive_opt`` (:func:`fvlib.theory.strategies.evaluate_strategies` on ``contexts`` finite-``N``
-    contexts, ``seed``), ``model`` and ``router_bayes`` (:func:`router_bayes_decode` on
+    contexts, ``seed``), ``model`` and ``router_bayes`` (:func:`~fvlib.interventions.router.router_bayes_decode` on
     ``contexts`` task contexts drawn with ``seed``), and ``adaptive_greedy_paired`` and
     ``adaptive_opt_paired``: the two adaptive references again, on the model rows' own contexts,
     so that a model row and these compare paired (greedy's loss has a heavy tail: on two

@@ -54,13 +54,14 @@ class Experiment:
         items: tuples of :class:`Run`; the runs of one item are trained by one
             :func:`fvlib.training.batched.train_many` call.
         theory: ``(TheoryParams) -> dict`` of JSON-able reference values of the configuration,
-            its optimised references searched or read through the :class:`TheoryParams`.
+            its optimised references searched or read through the :class:`~fvlib.experiments.references.TheoryParams`.
         gap_variants: variants whose tree runs get :func:`fvlib.experiments.beside_theory.gap_table`.
         max_doublings: how many times a run that has not converged is retrained with twice the
-            steps (:data:`MAX_DOUBLINGS`; ``0`` for an experiment that compares at a fixed
+            steps (:data:`~fvlib.experiments.rules.MAX_DOUBLINGS`; ``0`` for an experiment that compares at a fixed
             number of steps).
-        prefix_rtol: the relative tolerance of :func:`verify`'s quick check (:data:`PREFIX_RULE`,
-            :data:`PREFIX_RTOL`).
+        prefix_rtol: the relative tolerance of :func:`~fvlib.experiments.verify.verify`'s quick check
+        (:data:`~fvlib.experiments.rules.PREFIX_RULE`,
+            :data:`~fvlib.experiments.rules.PREFIX_RTOL`).
     """
 
     name: str
@@ -88,9 +89,9 @@ class Experiment:
 STORED_WARM_START_FIELDS = {k: IMITATION_RECIPE[k] for k in ("router_warm_start", "router_lr_scale")}
 
 
-#: The path every stored run of the constrained models was trained on: every token of every
-#: context (:attr:`~fvlib.training.config.TrainConfig.inputs`). The definitions pin it, so that
-#: each stored run verifies as it was trained.
+#: The input path of every stored run of the constrained models, every token of every context
+#: (:attr:`~fvlib.training.config.TrainConfig.inputs`). The definitions pin it, so that each
+#: stored run verifies as it was trained.
 STORED_INPUTS = "tokens"
 
 
@@ -153,7 +154,7 @@ def _reference_k6() -> Experiment:
                       reference_theory(task, refs), gap_variants=("A-scratch", "A-warm"))
 
 
-#: The recipes of :func:`_recipes_a`, each model A from its random initialisation (no teacher),
+#: The recipes of the experiment ``recipes-a``, each model A from its random initialisation (no teacher),
 #: by the name its runs are stored under: :data:`~fvlib.training.config.RECIPE` (the stored experiments'
 #: recipe), then one change at a time up to :data:`~fvlib.training.config.LEARNING_RECIPE` with its
 #: curriculum (the recipe of ``python -m fvlib train``). ``alpha_start`` is filled in per task.
@@ -207,7 +208,7 @@ def _transformers_k4(steps: int = 3000, seeds=(0, 1, 2, 3, 4)) -> Experiment:
                       f"{steps} steps", "11_transformers", items, reference_theory(task, refs))
 
 
-#: The recipes of :func:`_recipes_transformer`, each the bottlenecked A' from its random
+#: The recipes of the experiment ``recipes-transformer-k4``, each the bottlenecked A' from its random
 #: initialisation (no teacher), by the variant its runs are stored under:
 #: :data:`~fvlib.training.config.TRANSFORMER_RECIPE` (``"A'"``, the recipe of ``transformers-k4``),
 #: then one change at a time: the tree curriculum of the constrained models' learning recipe

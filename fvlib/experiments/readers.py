@@ -1,6 +1,6 @@
 """What the chapters read from a stored experiment: tables, sweeps, fits.
 
-Every function takes the result dict of :func:`fvlib.experiments.load_result` (version 2,
+Every function takes the result dict of :func:`~fvlib.experiments.storage.load_result` (version 2,
 :mod:`fvlib.experiments.records`) and computes nothing but summaries of its numbers:
 :func:`summarise` and :func:`point_rows` (one row per point), :func:`depth_sweep_of`,
 :func:`theory_curves`, :func:`decay_fits`, :func:`sweep_table_rows`, :func:`attempt_loss`.
@@ -76,7 +76,7 @@ def depth_sweep_of(data: dict, variants: Sequence[str], prior: str = "tree", dro
     """A stored depth sweep as a :class:`fvlib.experiments.inbuild.DepthSweep` (keys: the variants),
     for :func:`fvlib.plots.training.plot_depth_sweep`; only budgets stored for every seed of
     every variant are kept, seeds in increasing order. ``drop_failed``: also leave out the
-    budgets where a seed of a variant failed by :data:`FAILURE_RULE` (a mean over seeds would
+    budgets where a seed of a variant failed by :data:`~fvlib.experiments.rules.FAILURE_RULE` (a mean over seeds would
     mix a failed run into the curve; report those budgets on their own). ``max_steps``: each
     run's loss as its last attempt of at most that many steps left it (:func:`attempt_loss`;
     how much the curve owes to the longer retrains)."""
@@ -159,7 +159,7 @@ def sweep_table_rows(data: dict, variants: Sequence[str], theory_names: Sequence
     """The rows of a stored depth sweep's table, one column per budget of its theory curves.
 
     For each variant: ``"<variant>: mean loss"``, ``": sd over seeds"``, ``": failed seeds"`` (a
-    count, :func:`failed`), ``": mean without failed"`` (``nan`` when every seed failed),
+    count, :func:`~fvlib.experiments.rules.failed`), ``": mean without failed"`` (``nan`` when every seed failed),
     ``": / best adaptive"`` (mean over seeds divided by the smaller of the ``adaptive_greedy`` and
     ``adaptive_opt`` theory curves), ``": / greedy, paired"`` (mean over seeds of each run's ratio to greedy on its
     own contexts), ``": steps"`` (per seed, in thousands) and ``": not converged"`` (a count).
@@ -183,7 +183,7 @@ def sweep_table_rows(data: dict, variants: Sequence[str], theory_names: Sequence
 
 def point_rows(data: dict) -> list[dict]:
     """:func:`summarise` with the failures of each point: ``failed`` (the seeds that failed by
-    :data:`FAILURE_RULE`), ``mean_ok`` / ``spread_ok`` over the other seeds (``nan`` if none),
+    :data:`~fvlib.experiments.rules.FAILURE_RULE`), ``mean_ok`` / ``spread_ok`` over the other seeds (``nan`` if none),
     and each seed's ``last_fifth_drop`` and ``doubling_gain``."""
     rows, points = summarise(data), _records_by_point(data)
     for row in rows:

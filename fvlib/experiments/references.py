@@ -50,7 +50,7 @@ THEORY_SAMPLES = 4000
 #: optima only when all four starts do, at four times the cost of one: about 2.6 CPU minutes for
 #: depth-sweep-k7, the most expensive file, under 6 for all seven; eight starts gained another 3% on
 #: that configuration for twice the cost. The stored parameters, not a re-optimisation, are what
-#: :func:`verify` checks.
+#: :func:`~fvlib.experiments.verify.verify` checks.
 OPTIMISER_STARTS = 4
 
 
@@ -76,8 +76,9 @@ class TheoryParams:
     :data:`OPTIMISER_STARTS`), of which the one with the smallest Monte Carlo loss on
     ``THEORY_SAMPLES`` held-out contexts of :data:`SELECTION_SEED` is kept; a policy starts from the
     kept directions of its configuration, and references of one configuration share one search.
-    With ``stored`` (a sidecar's tensors and metadata, :func:`load_theory_params`, read from
-    ``path``), each is read from it; one missing or misshapen raises :class:`ResultError` naming
+    With ``stored`` (a sidecar's tensors and metadata, :func:`~fvlib.experiments.storage.load_theory_params`, read from
+    ``path``), each is read from it; one missing or misshapen raises :class:`~fvlib.experiments.records.ResultError`
+    naming
     ``path``.
 
     ``tensors``: every tensor used, by key (what the sidecar stores); ``selection``: per searched
@@ -193,7 +194,7 @@ def optimised_tree(params: TheoryParams, key: str, tree: TreePrior, n_ctx: int, 
 
 
 def reference_theory(task: dict, arch_runs: Sequence[TrainConfig]):
-    """Each variant's matching reference (:func:`fvlib.training.evaluate.theory_reference`) on both
+    """Each variant's matching reference (:func:`~fvlib.experiments.beside_theory.theory_reference`) on both
     priors (model B's on the tree with the parameters ``B/tree``), and the tree's strategies
     (parameters ``tree/...``)."""
 
@@ -218,7 +219,7 @@ def reference_theory(task: dict, arch_runs: Sequence[TrainConfig]):
 
 
 def recipes_theory(tasks) -> Callable[[TheoryParams], dict]:
-    """The adaptive and non-adaptive references of each task of :func:`_recipes_a`, by budget (the
+    """The adaptive and non-adaptive references of each task of ``_recipes_a``, by budget (the
     optimised ones with the parameters ``M<budget>/...``)."""
 
     def compute(params: TheoryParams) -> dict:

@@ -6,7 +6,7 @@ reference configuration": tree K = 6, alpha = 0.5, N = 128, M = 6, 3000 training
 and is what the tests exercise. Both train with the :class:`~fvlib.training.config.TrainConfig` defaults
 (:data:`fvlib.training.config.RECIPE`: no teacher). Files written to ``out_dir``:
 
-* ``theory.json`` -- :func:`fvlib.theory.theory_baselines` (with optimised directions);
+* ``theory.json`` -- :func:`~fvlib.theory.baselines.theory_baselines` (with optimised directions);
 * ``dp.json`` -- DP and greedy values on a K = 3 tree (tau = 0.3 and 0.6);
 * ``models.json`` -- models A, B, C on the tree and its Gaussian twin, each beside its theory;
 * ``patching.json`` -- the key-patching heatmap of model A beside the greedy policy's.

@@ -6,7 +6,7 @@
   (:func:`may_double`, :func:`runs_to_double`; :func:`doubling_gain`: what a doubling bought).
 * **Tolerances** of the verification: :data:`PREFIX_RULE` (the quick check, :data:`PREFIX_RTOL`),
   :data:`TOLERANCE_RULE` (a retrained run, :func:`tolerance`), :data:`THEORY_TOLERANCE_RULE`
-  (the references; the strategies that choose: :func:`fvlib.theory.choosing_strategies`).
+  (the references; the strategies that choose: :func:`~fvlib.theory.strategies.choosing_strategies`).
 * **Failure** (:data:`FAILURE_RULE`, :func:`failed`).
 
 Every result file states the rules it was written under (:mod:`fvlib.experiments.records`).
@@ -44,7 +44,7 @@ __all__ = [
 CONVERGENCE_DROP = 0.02
 
 
-#: How many times :func:`run` doubles the steps of a run that has not converged.
+#: How many times :func:`~fvlib.experiments.runner.run` doubles the steps of a run that has not converged.
 MAX_DOUBLINGS = 2
 
 
@@ -58,7 +58,7 @@ MAX_DOUBLINGS = 2
 PREFIX_RTOL = 0.15
 
 
-#: How :func:`verify`'s quick check judges a retrained prefix (stored in every result file).
+#: How :func:`~fvlib.experiments.verify.verify`'s quick check judges a retrained prefix (stored in every result file).
 PREFIX_RULE = (
     "the quick check retrains, for each model family of the file (A, B, C, A', B', open A'), its cheapest "
     "stored run of two layers or more (so that a router reads the workspace; any run where the family has "
@@ -68,7 +68,7 @@ PREFIX_RULE = (
     "experiment's definition states ({rtol:g} here), not one computed from the stored numbers")
 
 
-#: How :func:`verify` judges a retrained run (stored in every result file).
+#: How :func:`~fvlib.experiments.verify.verify` judges a retrained run (stored in every result file).
 TOLERANCE_RULE = (
     "|retrained - stored| <= max(3 * stored_stderr, spread): a rerun of a stored config on "
     "another CPU differs in the last bits, which training can amplify, so it must land within "
@@ -76,7 +76,7 @@ TOLERANCE_RULE = (
     "over the point's seeds) or within three Monte Carlo standard errors of the stored value")
 
 
-#: How :func:`theory_differences` compares a stored reference value with its re-evaluation
+#: How :func:`~fvlib.experiments.verify.theory_differences` compares a stored reference value with its re-evaluation
 #: (stored in every result file).
 THEORY_TOLERANCE_RULE = (
     "the references are re-evaluated from the experiment's definition with the optimised parameters "
@@ -141,7 +141,7 @@ def may_double(attempts: list, experiment) -> bool:
 
 
 def runs_to_double(data: dict, experiment) -> list[str]:
-    """The keys of the stored runs that :func:`run` would retrain with twice the steps: not
+    """The keys of the stored runs that :func:`~fvlib.experiments.runner.run` would retrain with twice the steps: not
     converged, with fewer doublings than ``experiment.max_doublings`` (which a definition may
     raise after its runs were stored)."""
     return [k for k, r in data["runs"].items() if may_double(r["attempts"], experiment)]

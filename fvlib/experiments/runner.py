@@ -115,7 +115,7 @@ def _train_item(args) -> list[dict]:
 
     ``args``: ``(name, index, root, device, progress, stored)``; ``stored`` (``None`` for a new
     item) holds the item's stored records when the experiment allows more doublings than they
-    had (:func:`runs_to_double`): then only those runs are trained, from their last attempt's
+    had (:func:`~fvlib.experiments.rules.runs_to_double`): then only those runs are trained, from their last attempt's
     steps doubled, and the others are returned as stored."""
     name, index, root, device, progress, stored = args
     torch.set_num_threads(1)
@@ -164,14 +164,16 @@ def _train_item(args) -> list[dict]:
 def run(name: str, *, device: str = "cpu", jobs: int = 1, root=None, directory=None, progress: bool = True,
         max_items: int | None = None, refresh_theory: bool = False) -> dict:
     """Train the runs of experiment ``name`` that ``results/NAME.json`` does not hold yet, and
-    retrain with twice the steps the stored runs that may double again (:func:`runs_to_double`).
+    retrain with twice the steps the stored runs that may double again
+    (:func:`~fvlib.experiments.rules.runs_to_double`).
 
     ``jobs`` work items at a time (separate processes, one thread each), the cheapest first;
     each finished item's runs are added to the result file at once. ``root``: the run root of the checkpoints
     (default ``$FVLIB_RUN_ROOT`` or ``./.fvlib_runs``). ``max_items``: stop after that many
     items (e.g. to spread an experiment over sessions). The references are computed once, when
     the file is started; ``refresh_theory`` recomputes them with today's code (after a fix that
-    :func:`verify` reports), keeping the runs, before training what is missing (to recompute only
+    :func:`~fvlib.experiments.verify.verify` reports), keeping the runs, before training what is missing (to recompute
+    only
     the references, :func:`refresh_theory`). Returns the result dict.
     """
     experiment = get_experiment(name)
@@ -229,7 +231,8 @@ def _update_rules(path: Path, data: ResultFile, experiment: Experiment) -> None:
 def _store_theory(path: Path, data: ResultFile, experiment: Experiment) -> None:
     """Compute the references of ``experiment`` (their optimised parameters searched,
     :class:`TheoryParams`) and store them: the parameters beside ``path``
-    (:func:`theory_params_path`), then the theory block, its kind and its ``theory_provenance``
+    (:func:`~fvlib.experiments.storage.theory_params_path`), then the theory block, its kind and its
+    ``theory_provenance``
     (the code, machine and seconds of the computation) in ``data``, written to ``path``."""
     wall, cpu = time.perf_counter(), time.process_time()
     params = TheoryParams()
@@ -244,9 +247,10 @@ def _store_theory(path: Path, data: ResultFile, experiment: Experiment) -> None:
 def refresh_theory(name: str, directory=None) -> dict:
     """Recompute the references of the stored experiment ``name`` with today's code, and nothing
     else: the theory block of ``results/NAME.json`` (with its ``theory_provenance``) and the
-    optimised parameters beside it (:func:`theory_params_path`), each searched again from
+    optimised parameters beside it (:func:`~fvlib.experiments.storage.theory_params_path`), each searched again from
     :data:`~fvlib.experiments.references.OPTIMISER_STARTS` starts. No run is trained, every run
-    is kept; the file's rules are brought up to date. Raises :class:`ResultError` when the file is
+    is kept; the file's rules are brought up to date. Raises :class:`~fvlib.experiments.records.ResultError` when the
+    file is
     missing or not of ``name``. Returns the result dict."""
     experiment = get_experiment(name)
     path = result_path(name, directory)
@@ -261,7 +265,8 @@ def stored(name: str, *, recompute: bool = False, device: str = "auto", director
            progress: bool = True) -> dict:
     """The result of experiment ``name`` as a chapter reads it.
 
-    By default the stored ``results/NAME.json`` (:func:`load_result`). With ``recompute=True``
+    By default the stored ``results/NAME.json`` (:func:`~fvlib.experiments.storage.load_result`). With
+    ``recompute=True``
     the experiment is trained here first (:func:`run` on ``device``, resumable), into
     ``directory`` (default ``./recomputed``, so the stored file is never overwritten), and that
     result is returned: on a GPU (Colab) minutes to an hour, on a CPU hours.

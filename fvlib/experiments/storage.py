@@ -4,7 +4,7 @@
 and references as a version-2 result file (:mod:`fvlib.experiments.records`);
 ``results/NAME.theory.safetensors`` (:func:`theory_params_path`) the optimised parameters of its
 references (:class:`~fvlib.experiments.references.TheoryParams`). Both are written in one step
-(:func:`fvlib.files.write_atomic`), under :func:`result_lock` (one writer at a time).
+(:func:`~fvlib.files.write_atomic`), under :func:`result_lock` (one writer at a time).
 """
 
 from __future__ import annotations
@@ -57,15 +57,16 @@ def result_path(name: str, directory=None) -> Path:
 
 def theory_params_path(name: str, directory=None) -> Path:
     """The optimised parameters of the references of ``results/NAME.json``, beside it:
-    ``results/NAME.theory.safetensors`` (:class:`TheoryParams`)."""
+    ``results/NAME.theory.safetensors`` (:class:`~fvlib.experiments.references.TheoryParams`)."""
     return result_path(name, directory).with_name(f"{name}{THEORY_PARAMS_SUFFIX}")
 
 
 def load_theory_params(name: str, directory=None) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """``(tensors, metadata)`` of experiment ``name``'s stored theory parameters
-    (:func:`theory_params_path`): the tensors by key (:class:`TheoryParams`), the metadata with
+    (:func:`theory_params_path`): the tensors by key (:class:`~fvlib.experiments.references.TheoryParams`), the metadata
+    with
     ``format``, ``experiment``, ``optimiser_starts``, ``selection_seed`` and ``selection`` (JSON:
-    each searched reference's starts and their held-out losses). Raises :class:`ResultError`
+    each searched reference's starts and their held-out losses). Raises :class:`~fvlib.experiments.records.ResultError`
     naming the file when it is missing, unreadable or of another experiment."""
     path = theory_params_path(name, directory)
     if not path.is_file():
@@ -88,7 +89,8 @@ def read_result(name: str, directory=None, *, complete: bool = False) -> ResultF
     """The stored result of experiment ``name`` (``results/NAME.json``) as typed records, checked
     (a version-1 file is read as version 2, :mod:`fvlib.experiments.records`).
 
-    Raises :class:`ResultError` (a ``ValueError``) when the file is missing or corrupt, when it
+    Raises :class:`~fvlib.experiments.records.ResultError` (a ``ValueError``) when the file is missing or corrupt, when
+    it
     holds a run the experiment does not define (with another config), or with ``complete=True``
     when runs are missing.
     """
@@ -136,7 +138,8 @@ def write_theory_params(path: Path, name: str, params: TheoryParams) -> None:
 
 def result_lock(path: Path) -> ExclusiveLock:
     """The lock beside result file ``path`` (``NAME.json.lock``): a second writer of the same
-    result (another ``experiment run`` or ``refresh_theory``) is refused with :class:`ResultError`."""
+    result (another ``experiment run`` or ``refresh_theory``) is refused with
+    :class:`~fvlib.experiments.records.ResultError`."""
     return ExclusiveLock(path.with_name(path.name + ".lock"), wait=False, error=ResultError,
                          held_here=f"{path} is already being written by this process",
                          busy="{path} is held by another `experiment run` (pid {pid}) writing this result")

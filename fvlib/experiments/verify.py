@@ -46,7 +46,7 @@ def _stderr_path(path: str) -> str | None:
 
 
 def _chooses(path: str, numbers: dict) -> bool:
-    """A number of a strategy of :func:`fvlib.theory.choosing_strategies`: named in its path
+    """A number of a strategy of :func:`~fvlib.theory.strategies.choosing_strategies`: named in its path
     (``"curves/adaptive_opt/mean/3"``), or a reference whose ``name`` is one (``"A/tree/value"``)."""
     parts = path.split("/")
     choosing = choosing_strategies()
@@ -55,9 +55,10 @@ def _chooses(path: str, numbers: dict) -> bool:
 
 def theory_differences(stored: dict, fresh: dict) -> list[dict]:
     """Where a re-evaluated theory ``fresh`` differs from the ``stored`` one, by
-    :data:`THEORY_TOLERANCE_RULE`: one ``{"path", "stored", "fresh", "tolerance"}`` per leaf that
+    :data:`~fvlib.experiments.rules.THEORY_TOLERANCE_RULE`: one ``{"path", "stored", "fresh", "tolerance"}`` per leaf
+    that
     differs (a leaf present in only one of them counts, with ``None`` for the missing side). A
-    number of a strategy that chooses its measurements (:func:`fvlib.theory.choosing_strategies`)
+    number of a strategy that chooses its measurements (:func:`~fvlib.theory.strategies.choosing_strategies`)
     may move by 3 of its stored standard errors (a mean) or 10% (a standard error); any other by a
     relative 1e-6."""
     old, new = _numbers(stored), _numbers(fresh)
@@ -86,13 +87,15 @@ def verify(name: str, runs: int = 1, *, directory=None, device: str = "cpu", pro
     """Check a stored experiment against today's code.
 
     The quick check (default): for each model family of the file, retrain a prefix of its
-    cheapest stored run and compare it with the stored history (:data:`PREFIX_RULE`, tolerance
-    :attr:`Experiment.prefix_rtol` of the definition). ``full``: retrain the ``runs`` cheapest
+    cheapest stored run and compare it with the stored history (:data:`~fvlib.experiments.rules.PREFIX_RULE`, tolerance
+    :attr:`~fvlib.experiments.definitions.Experiment.prefix_rtol` of the definition). ``full``: retrain the ``runs``
+    cheapest
     stored runs to the end instead (in memory, batched as they were stored, so that the same CPU
-    gives the same bits) and compare their final losses (:data:`TOLERANCE_RULE`), and re-optimise
+    gives the same bits) and compare their final losses (:data:`~fvlib.experiments.rules.TOLERANCE_RULE`), and
+    re-optimise
     the references for information. With ``theory`` (first) the stored references are
     re-evaluated from their stored parameters and compared (:func:`theory_differences`; a
-    missing or unreadable parameter file raises :class:`ResultError` naming it).
+    missing or unreadable parameter file raises :class:`~fvlib.experiments.records.ResultError` naming it).
 
     Returns ``{"experiment", "ok", "mode", "checked": [...], "configs_rebuilt", "theory": {...} or
     None}``; every stored config is also rebuilt (``TrainConfig.from_dict`` and its model) first.
@@ -132,7 +135,8 @@ def _prefix_steps(record: dict) -> int:
 
 def prefix_runs(data: dict) -> dict[str, str]:
     """``{family: key}``: the stored run whose prefix :func:`verify`'s quick check retrains for each
-    model family (:data:`PREFIX_RULE`): the cheapest to its first evaluation, among the family's
+    model family (:data:`~fvlib.experiments.rules.PREFIX_RULE`): the cheapest to its first evaluation, among the
+    family's
     runs of two layers or more where it has any."""
     by_family: dict[str, list[str]] = {}
     for key, record in data["runs"].items():
@@ -163,7 +167,7 @@ def check_prefix(data: dict, key: str, config: TrainConfig, rtol: float, device:
 
 def check_whole_run(data: dict, key: str, config: TrainConfig, device: str, progress: bool) -> dict:
     """Retrain ``key`` to the end, batched as it was stored, and compare its final loss
-    (:data:`TOLERANCE_RULE`)."""
+    (:data:`~fvlib.experiments.rules.TOLERANCE_RULE`)."""
     record, start = data["runs"][key], time.perf_counter()
     # trained as it was stored: in a stack of models (any stack of two or more gives the
     # same numbers) or alone in train_many, so that the same CPU reproduces it bit for bit
@@ -179,7 +183,7 @@ def check_whole_run(data: dict, key: str, config: TrainConfig, device: str, prog
 def stack_size(data: dict, record: dict) -> int:
     """How many models the last attempt of a stored run was trained with in one
     :func:`~fvlib.training.batched.train_many` call: the runs of its work item that made an
-    attempt of the same length (:func:`_train_item` trains them together)."""
+    attempt of the same length (``_train_item`` trains them together)."""
     item = record["provenance"].get("item")
     siblings = [r for r in data["runs"].values() if item in items_of(r)] if item else [record]
     return sum(any(a["steps"] == record["steps"] for a in r["attempts"]) for r in siblings)
@@ -187,8 +191,9 @@ def stack_size(data: dict, record: dict) -> int:
 
 def check_theory(name: str, data: dict, directory=None, full: bool = False) -> dict:
     """The theory check of :func:`verify`: the references re-evaluated with the stored parameters
-    (:func:`load_theory_params`; all of them must be read) against the stored ones; with ``full``
-    also ``"reoptimised"`` (:func:`_reoptimise`, for information)."""
+    (:func:`~fvlib.experiments.storage.load_theory_params`; all of them must be read) against the stored ones; with
+    ``full``
+    also ``"reoptimised"`` (``_reoptimise``, for information)."""
     start = time.perf_counter()
     path = theory_params_path(name, directory)
     if data.get("theory") is None:

@@ -387,7 +387,7 @@ class Strategy:
 
     Attributes:
         name: its name (a key of :func:`evaluate_strategies`' results and of the stored experiments).
-        estimate: its :data:`StrategyEstimator`.
+        estimate: its ``StrategyEstimator``.
         adaptive: it chooses each measurement from what it has read (greedy, the optimised
             adaptive policy); the others fix their measurements in advance.
         needs: what of :data:`STRATEGY_NEEDS` it reads beside the channel.

@@ -402,7 +402,8 @@ class TrainConfig:
         return unused | ({"alpha_ramp"} if self.alpha_start is None else set())
 
     def model_config(self) -> ModelConfig | TransformerConfig:
-        """The architecture this run trains (its family's :attr:`~fvlib.families.ModelFamily.build_config`)."""
+        """The architecture this run trains (its family's
+        :attr:`~fvlib.families.ModelFamily.build_config`)."""
         return get_family(self.arch).build_config(self.model, 2**self.depth - 1, self.budget, self.width,
                                                   self.hidden_layers)
 
@@ -434,7 +435,7 @@ def build_prior(config: TrainConfig) -> Prior:
 
 def model_from_config(model_config: ModelConfig | TransformerConfig) -> FVTransformer | StandardTransformer:
     """The untrained model of ``model_config``, built by the class of its family
-    (:func:`fvlib.families.family_of_config`)."""
+    (:func:`~fvlib.families.family_of_config`)."""
     return family_of_config(model_config).model_class(model_config)
 
 

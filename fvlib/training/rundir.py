@@ -12,7 +12,7 @@ A run directory (:func:`fvlib.training.loop.train`, :func:`fvlib.training.batche
 **One checkpoint, one step.** :func:`commit` writes checkpoint ``s`` in three steps:
 
 1. *stage*: each new file is written beside its place as ``NAME.next`` (flushed to disk);
-2. *commit*: ``manifest.json`` is replaced atomically (:func:`fvlib.files.write_atomic`);
+2. *commit*: ``manifest.json`` is replaced atomically (:func:`~fvlib.training.rundir.write_atomic`);
    from here on ``s`` is the run's checkpoint;
 3. *install*: each ``NAME.next`` is renamed to ``NAME``.
 
@@ -26,7 +26,7 @@ every file against the manifest and names the first that differs, is missing or 
 read as they are (the caller checks what it can: the files agree on the step, the weights are
 finite and fit the config) and the first checkpoint written into them adds a manifest.
 
-**Lock.** :class:`RunLock` takes an exclusive lock (:class:`fvlib.files.ExclusiveLock`, an
+**Lock.** :class:`RunLock` takes an exclusive lock (:class:`~fvlib.files.ExclusiveLock`, an
 OS-level ``flock`` that a dying process releases) on ``run.lock`` while a run is trained. A
 second process that opens the same run waits for the first to finish (it says so
 on stderr, once), then resumes or reloads what the first left: training is deterministic, so
@@ -151,7 +151,7 @@ def check_writable_dir(path) -> Path:
 # ----------------------------------------------------------------------------------------
 class RunLock(disk.ExclusiveLock):
     """An exclusive lock on a run directory, held while the run is trained (``with RunLock(dir):``):
-    :class:`fvlib.files.ExclusiveLock` on ``run.lock``, waiting while another process holds it.
+    :class:`~fvlib.files.ExclusiveLock` on ``run.lock``, waiting while another process holds it.
 
     :meth:`acquire` creates the directory if needed (so it also checks it is writable, before
     any training) and waits while another process holds the lock, saying so once on stderr;
