@@ -78,8 +78,7 @@ class TheoryParams:
     kept directions of its configuration, and references of one configuration share one search.
     With ``stored`` (a sidecar's tensors and metadata, :func:`~fvlib.experiments.storage.load_theory_params`, read from
     ``path``), each is read from it; one missing or misshapen raises :class:`~fvlib.experiments.records.ResultError`
-    naming
-    ``path``.
+    naming ``path``.
 
     ``tensors``: every tensor used, by key (what the sidecar stores); ``selection``: per searched
     reference its starts' ``seeds``, ``held_out`` losses and ``kept`` seed (and ``kinds`` of

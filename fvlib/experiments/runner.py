@@ -173,8 +173,7 @@ def run(name: str, *, device: str = "cpu", jobs: int = 1, root=None, directory=N
     items (e.g. to spread an experiment over sessions). The references are computed once, when
     the file is started; ``refresh_theory`` recomputes them with today's code (after a fix that
     :func:`~fvlib.experiments.verify.verify` reports), keeping the runs, before training what is missing (to recompute
-    only
-    the references, :func:`refresh_theory`). Returns the result dict.
+    only the references, :func:`refresh_theory`). Returns the result dict.
     """
     experiment = get_experiment(name)
     resolve_device(device)
@@ -250,8 +249,7 @@ def refresh_theory(name: str, directory=None) -> dict:
     optimised parameters beside it (:func:`~fvlib.experiments.storage.theory_params_path`), each searched again from
     :data:`~fvlib.experiments.references.OPTIMISER_STARTS` starts. No run is trained, every run
     is kept; the file's rules are brought up to date. Raises :class:`~fvlib.experiments.records.ResultError` when the
-    file is
-    missing or not of ``name``. Returns the result dict."""
+    file is missing or not of ``name``. Returns the result dict."""
     experiment = get_experiment(name)
     path = result_path(name, directory)
     with result_lock(path):

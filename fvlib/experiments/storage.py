@@ -64,8 +64,7 @@ def theory_params_path(name: str, directory=None) -> Path:
 def load_theory_params(name: str, directory=None) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """``(tensors, metadata)`` of experiment ``name``'s stored theory parameters
     (:func:`theory_params_path`): the tensors by key (:class:`~fvlib.experiments.references.TheoryParams`), the metadata
-    with
-    ``format``, ``experiment``, ``optimiser_starts``, ``selection_seed`` and ``selection`` (JSON:
+    with ``format``, ``experiment``, ``optimiser_starts``, ``selection_seed`` and ``selection`` (JSON:
     each searched reference's starts and their held-out losses). Raises :class:`~fvlib.experiments.records.ResultError`
     naming the file when it is missing, unreadable or of another experiment."""
     path = theory_params_path(name, directory)
@@ -90,8 +89,7 @@ def read_result(name: str, directory=None, *, complete: bool = False) -> ResultF
     (a version-1 file is read as version 2, :mod:`fvlib.experiments.records`).
 
     Raises :class:`~fvlib.experiments.records.ResultError` (a ``ValueError``) when the file is missing or corrupt, when
-    it
-    holds a run the experiment does not define (with another config), or with ``complete=True``
+    it holds a run the experiment does not define (with another config), or with ``complete=True``
     when runs are missing.
     """
     experiment = get_experiment(name)

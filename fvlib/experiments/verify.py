@@ -56,8 +56,7 @@ def _chooses(path: str, numbers: dict) -> bool:
 def theory_differences(stored: dict, fresh: dict) -> list[dict]:
     """Where a re-evaluated theory ``fresh`` differs from the ``stored`` one, by
     :data:`~fvlib.experiments.rules.THEORY_TOLERANCE_RULE`: one ``{"path", "stored", "fresh", "tolerance"}`` per leaf
-    that
-    differs (a leaf present in only one of them counts, with ``None`` for the missing side). A
+    that differs (a leaf present in only one of them counts, with ``None`` for the missing side). A
     number of a strategy that chooses its measurements (:func:`~fvlib.theory.strategies.choosing_strategies`)
     may move by 3 of its stored standard errors (a mean) or 10% (a standard error); any other by a
     relative 1e-6."""
@@ -89,11 +88,9 @@ def verify(name: str, runs: int = 1, *, directory=None, device: str = "cpu", pro
     The quick check (default): for each model family of the file, retrain a prefix of its
     cheapest stored run and compare it with the stored history (:data:`~fvlib.experiments.rules.PREFIX_RULE`, tolerance
     :attr:`~fvlib.experiments.definitions.Experiment.prefix_rtol` of the definition). ``full``: retrain the ``runs``
-    cheapest
-    stored runs to the end instead (in memory, batched as they were stored, so that the same CPU
+    cheapest stored runs to the end instead (in memory, batched as they were stored, so that the same CPU
     gives the same bits) and compare their final losses (:data:`~fvlib.experiments.rules.TOLERANCE_RULE`), and
-    re-optimise
-    the references for information. With ``theory`` (first) the stored references are
+    re-optimise the references for information. With ``theory`` (first) the stored references are
     re-evaluated from their stored parameters and compared (:func:`theory_differences`; a
     missing or unreadable parameter file raises :class:`~fvlib.experiments.records.ResultError` naming it).
 
@@ -136,8 +133,7 @@ def _prefix_steps(record: dict) -> int:
 def prefix_runs(data: dict) -> dict[str, str]:
     """``{family: key}``: the stored run whose prefix :func:`verify`'s quick check retrains for each
     model family (:data:`~fvlib.experiments.rules.PREFIX_RULE`): the cheapest to its first evaluation, among the
-    family's
-    runs of two layers or more where it has any."""
+    family's runs of two layers or more where it has any."""
     by_family: dict[str, list[str]] = {}
     for key, record in data["runs"].items():
         by_family.setdefault(_family(TrainConfig.from_dict(record["config"])), []).append(key)
@@ -192,8 +188,7 @@ def stack_size(data: dict, record: dict) -> int:
 def check_theory(name: str, data: dict, directory=None, full: bool = False) -> dict:
     """The theory check of :func:`verify`: the references re-evaluated with the stored parameters
     (:func:`~fvlib.experiments.storage.load_theory_params`; all of them must be read) against the stored ones; with
-    ``full``
-    also ``"reoptimised"`` (``_reoptimise``, for information)."""
+    ``full`` also ``"reoptimised"`` (``_reoptimise``, for information)."""
     start = time.perf_counter()
     path = theory_params_path(name, directory)
     if data.get("theory") is None:
