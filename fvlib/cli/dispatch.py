@@ -24,6 +24,7 @@ __all__ = [
     "THEORY_KEYS",
     "experiment_list",
     "experiment_run",
+    "experiment_seal",
     "experiment_show",
     "experiment_verify",
     "finite_or_none",
@@ -193,24 +194,26 @@ def _experiment_name(name: str) -> str:
 
 
 def _stored(name: str) -> tuple[dict, float]:
-    """The runs stored in ``results/NAME.json`` and the CPU seconds they took (none if unreadable)."""
+    """The runs stored in ``results/NAME.json`` and the CPU seconds they took (none when there is
+    no file); a file that is not a sealed result of ``name`` is refused, naming it."""
 
-    path = experiments.result_path(name)
-    if not path.is_file():
+    if not experiments.result_path(name).exists():
         return {}, 0.0
-    try:
-        data = json.loads(path.read_text())
-        return data.get("runs", {}), experiments.provenance_summary(data).get("cpu_seconds", 0.0)
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}, 0.0
+    data = experiments.load_result(name)
+    return data["runs"], experiments.provenance_summary(data).get("cpu_seconds", 0.0)
 
 
 def experiment_list(args) -> dict:
-    """Every named experiment of :mod:`fvlib.experiments`: its size, its stored runs and its cost."""
+    """Every named experiment of :mod:`fvlib.experiments`: its size, its stored runs and its cost.
+    Every stored file is read with its checks first: a bad one (corrupt, edited, of another
+    experiment) refuses the whole listing in one line naming it, rather than counting it as
+    nothing stored."""
 
+    experiments.check_results_dir()
+    stored = {name: _stored(name) for name in experiments.EXPERIMENTS}
     out = {}
     for name, e in experiments.EXPERIMENTS.items():
-        runs, spent = _stored(name)
+        runs, spent = stored[name]
         left = [r for r in e.runs if r.key not in runs]
         out[name] = {"description": e.description, "chapter": e.chapter, "runs": len(e.runs),
                      "stored_runs": len(e.runs) - len(left), "work_items": len(e.items),
@@ -234,6 +237,7 @@ def experiment_run(args) -> dict:
 
     name = _experiment_name(args.name)
     check_writable_dir("--root", run_root(args.root))
+    experiments.check_results_dir(writable=True)
     data = experiments.run(name, device=args.device, jobs=args.jobs, root=args.root,
                      progress=not args.no_progress, max_items=args.max_items, refresh_theory=args.refresh_theory)
     return {"experiment": args.name, "stored_runs": len(data["runs"]), "planned_runs": len(data["planned_runs"]),
@@ -276,6 +280,19 @@ def _verify_failures(result: dict, name: str) -> list[str]:
                       f"{diffs[0]['stored']}, re-evaluated {diffs[0]['fresh']} (after a fix of the theory "
                       f"code: `python -m fvlib experiment run {name} --refresh-theory`)")
     return detail
+
+
+def experiment_seal(args) -> dict:
+    """Check a stored result file and seal it (:func:`fvlib.experiments.seal_result`): what it checked."""
+
+    report = experiments.seal_result(_experiment_name(args.name))
+    if args.json:
+        return report
+    return {"sealed": report["file"],
+            "checked": f"version {report['version']} file: every field's type, experiment {report['experiment']}, "
+                       f"{report['runs']} runs of its definition",
+            "theory parameters": report["theory_parameters"] or "none (no theory yet)",
+            "rules": "brought up to today's" if report["rules_updated"] else "today's"}
 
 
 def experiment_show(args) -> dict:

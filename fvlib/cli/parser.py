@@ -122,7 +122,7 @@ def _add_reproduce_parser(sub, name: str, help_text: str) -> None:
 
 
 def _add_experiment_parser(sub) -> None:
-    """``experiment list|run|verify|show|warm|reproduce``: the book's experiments. The named
+    """``experiment list|run|verify|seal|show|warm|reproduce``: the book's experiments. The named
     long ones are stored in ``results/`` (:mod:`fvlib.experiments`); ``warm`` trains the short runs
     the chapters train in the page build, ``reproduce`` writes the headline numbers as JSON."""
     experiment = sub.add_parser("experiment", help="the book's experiments: list, run, verify, show (stored, "
@@ -135,6 +135,11 @@ def _add_experiment_parser(sub) -> None:
     listing.set_defaults(handler=dispatch.experiment_list)
     _add_experiment_run_parser(verbs)
     _add_experiment_verify_parser(verbs)
+    seal = verbs.add_parser("seal", help="check a stored result file and seal it (the maintainer's step after "
+                                         "restoring or upgrading a file; every read checks the seal)")
+    seal.add_argument("name")
+    seal.add_argument("--json", action="store_true", help=_JSON_HELP)
+    seal.set_defaults(handler=dispatch.experiment_seal)
     show = verbs.add_parser("show", help="the stored summary and provenance of an experiment")
     show.add_argument("name")
     show.add_argument("--json", action="store_true", help=_JSON_HELP)

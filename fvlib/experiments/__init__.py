@@ -11,18 +11,19 @@ readers: :func:`~fvlib.experiments.readers.point_rows`,
 Modules, in layers from the bottom up; a module imports only from the layers below it
 (``tests/core/test_import_layers.py`` checks this)::
 
-    inbuild, beside_theory, rules, provenance
+    inbuild, beside_theory, rules, provenance, seal
                               the chapters' in-build runs (shared runs, seeds, the depth sweep,
                               the runs trained ahead of the chapters) and the loops that train
                               them; a trained model beside the theory (matching baselines, greedy
                               on the same contexts, the gap to the adaptive references); the rules
                               (convergence, doubling, tolerances, failure) and their functions;
-                              where and how a run was computed
+                              where and how a run was computed; the seal of a result file
     reproduce, records        ``python -m fvlib reproduce`` (the headline results as JSON files);
-                              the result file as typed records (version 2; version 1 read)
+                              the result file as typed records, checked field by field (version 3)
     references                the theory references and their optimised parameters (TheoryParams)
     definitions               the named experiments (Run, Experiment, EXPERIMENTS)
-    storage                   where the result files live; reading, writing, locking them
+    storage                   where the result files live; reading (checked, seal included),
+                              writing (sealed), locking and sealing them
     readers                   what the chapters read: tables, sweeps, fits
     runner                    training an experiment (run, refresh_theory, stored)
     verify                    checking a stored experiment against today's code
@@ -58,6 +59,7 @@ from .rules import (
                           CONVERGENCE_DROP,
                           FAILURE_COORD_FRACTION,
                           FAILURE_RULE,
+                          FINAL_RTOL,
                           MAX_DOUBLINGS,
                           PREFIX_RTOL,
                           PREFIX_RULE,
@@ -71,11 +73,13 @@ from .rules import (
 )
 from .runner import GAP_CONTEXTS, refresh_theory, run, stored
 from .storage import (
+                          check_results_dir,
                           load_result,
                           load_theory_params,
                           read_result,
                           result_path,
                           results_dir,
+                          seal_result,
                           theory_params_path,
 )
 from .verify import prefix_runs, theory_differences, verify
@@ -85,6 +89,7 @@ __all__ = [
     "EXPERIMENTS",
     "FAILURE_COORD_FRACTION",
     "FAILURE_RULE",
+    "FINAL_RTOL",
     "GAP_CONTEXTS",
     "MAX_DOUBLINGS",
     "OPTIMISER_STARTS",
@@ -103,6 +108,7 @@ __all__ = [
     "RunRecord",
     "TheoryParams",
     "attempt_loss",
+    "check_results_dir",
     "converged",
     "decay_fits",
     "depth_sweep_of",
@@ -126,6 +132,7 @@ __all__ = [
     "run",
     "run_key",
     "runs_to_double",
+    "seal_result",
     "stored",
     "summarise",
     "sweep_table_rows",

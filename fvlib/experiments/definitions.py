@@ -23,7 +23,7 @@ from ..training import (
     recipe_for,
 )
 from .references import TheoryParams, recipes_theory, reference_theory, tree_theory
-from .rules import MAX_DOUBLINGS, PREFIX_RTOL
+from .rules import FINAL_RTOL, MAX_DOUBLINGS, PREFIX_RTOL
 
 __all__ = ["EXPERIMENTS", "RECIPE_STEPS", "STORED_INPUTS", "STORED_WARM_START_FIELDS", "TRANSFORMER_RECIPE_STEPS",
            "Experiment", "Run", "constrained_config", "estimate_seconds", "experiment_names", "get_experiment",
@@ -60,8 +60,10 @@ class Experiment:
             steps (:data:`~fvlib.experiments.rules.MAX_DOUBLINGS`; ``0`` for an experiment that compares at a fixed
             number of steps).
         prefix_rtol: the relative tolerance of :func:`~fvlib.experiments.verify.verify`'s quick check
-        (:data:`~fvlib.experiments.rules.PREFIX_RULE`,
-            :data:`~fvlib.experiments.rules.PREFIX_RTOL`).
+            (:data:`~fvlib.experiments.rules.PREFIX_RULE`, :data:`~fvlib.experiments.rules.PREFIX_RTOL`).
+        final_rtol: the relative tolerance of a final loss retrained by ``verify --full``
+            (:data:`~fvlib.experiments.rules.TOLERANCE_RULE`, :data:`~fvlib.experiments.rules.FINAL_RTOL`):
+            ``|retrained - stored| <= final_rtol * |stored|``, whatever the stored numbers say.
     """
 
     name: str
@@ -72,6 +74,7 @@ class Experiment:
     gap_variants: tuple = ()
     max_doublings: int = MAX_DOUBLINGS
     prefix_rtol: float = PREFIX_RTOL
+    final_rtol: float = FINAL_RTOL
 
     @property
     def runs(self) -> list[Run]:

@@ -1,6 +1,6 @@
-"""The result file of a stored experiment as typed records, version 2.
+"""The result file of a stored experiment as typed records, version 3 (sealed).
 
-``results/NAME.json`` (``"format": "fvlib-experiment"``, ``"version": 2``) is a
+``results/NAME.json`` (``"format": "fvlib-experiment"``, ``"version": 3``) is a
 :class:`ResultFile`::
 
     experiment, description, chapter   what the file holds (from the experiment's definition)
@@ -12,6 +12,8 @@
                                        or null before they are computed
     theory_provenance                  Provenance of the references' computation, or null
     runs                               {key: RunRecord}
+    seal                               the SHA-256 of each part of the file and of the files
+                                       beside it (:mod:`fvlib.experiments.seal`)
 
 A :class:`RunRecord` holds a run's labels, its complete config (every field of
 :class:`~fvlib.training.config.TrainConfig`), its final numbers, its :class:`Attempt` list (one
@@ -19,27 +21,29 @@ per doubling), its evaluation history, its ``greedy_paired`` and ``gap`` analyse
 not computed) and the :class:`Provenance` of the work item that trained it (with ``earlier``:
 those of the items that trained its earlier attempts).
 
-Version 1 files (every file stored before this schema) are read by :meth:`ResultFile.from_dict`
-into version 2: their rules move under ``rules`` (a rule the file lacks is null), their theory's
-shape is named (:func:`theory_kind`: the depth sweeps' curves, the per-budget tasks of
-``recipes-a``, the references by model), their configs are completed with the values of the
-fields added since (:data:`~fvlib.training.config.ADDED_FIELDS`, which change nothing), and the
-optional fields of provenances and runs are filled with null. No number changes.
+:meth:`ResultFile.from_dict` checks every field's type: a string where a string is due, an
+integer (not a bool) for steps, seeds and budgets, a finite number (no NaN, infinity, null or
+string) for every loss, standard error, time and reference value. Null is allowed exactly where
+the store writes it: a run's ``greedy_paired`` and ``gap`` (not computed), ``train_loss`` at step
+0 of a history, the optional fields of a provenance, a theory not yet computed. The first bad
+field is named by its path (``runs/KEY/final_loss``). Version 2 (the unsealed files before
+version 3) is read only by :func:`~fvlib.experiments.storage.seal_result`; the fields are the same.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import MISSING, dataclass, field, fields
 
 from ..training import TrainConfig
 from .rules import CONVERGENCE_DROP, PREFIX_RULE, THEORY_TOLERANCE_RULE, TOLERANCE_RULE
 
-__all__ = ["FORMAT", "THEORY_KINDS", "VERSION", "Attempt", "Provenance", "ResultError", "ResultFile", "Rules",
-           "RunRecord", "new_result", "theory_kind"]
+__all__ = ["FORMAT", "HISTORY_FIELDS", "THEORY_KINDS", "VERSION", "Attempt", "Provenance", "ResultError", "ResultFile",
+           "Rules", "RunRecord", "finite", "integer", "json_values", "new_result", "theory_kind"]
 
 FORMAT = "fvlib-experiment"
-VERSION = 2
+VERSION = 3
 #: The shapes of a result file's ``theory``: ``depth-sweep`` (``budgets``, ``curves``,
 #: ``noisefree``, ``tau2``), ``per-budget`` (one task per budget, ``M<budget>``: the strategies),
 #: ``references`` (``MODEL/PRIOR``: each model's matching reference; ``tree``: the strategies).
@@ -47,22 +51,91 @@ THEORY_KINDS = ("depth-sweep", "per-budget", "references")
 
 
 class ResultError(ValueError):
-    """A result file that is missing, corrupt or of another experiment definition."""
+    """A result file that is missing, corrupt, edited outside fvlib or of another experiment definition."""
+
+
+def _at(where: str, name) -> str:
+    """The path of field ``name`` under ``where`` (``runs/KEY`` + ``final_loss``)."""
+    return f"{where}/{name}" if where else str(name)
 
 
 def _checked(cls, data, where: str) -> dict:
     """``data``'s fields for dataclass ``cls``: a mapping with every required field and no other."""
     if not isinstance(data, dict):
-        raise ResultError(f"{where} must be a mapping, got {type(data).__name__}")
+        raise ResultError(f"{where or 'the file'} must be a mapping, got {type(data).__name__}")
     names = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
-        raise ResultError(f"{where} has unknown fields {unknown}")
-    required = {f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING}
-    missing = sorted(required - set(data))
+        raise ResultError(f"{where or 'the file'} has unknown fields {unknown}")
+    required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+    missing = [name for name in required if name not in data]
     if missing:
-        raise ResultError(f"{where} lacks the fields {missing}")
+        raise ResultError(f"{_at(where, missing[0])} is missing")
     return data
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def finite(value, where: str, *, null: bool = False):
+    """``value`` if it is a finite number (an int or a float, not a bool; ``None`` too with
+    ``null``), else :class:`ResultError` naming ``where``."""
+    if (null and value is None) or (_is_number(value) and math.isfinite(value)):
+        return value
+    raise ResultError(f"{where} must be a finite number{' or null' if null else ''}, got {value!r}")
+
+
+def integer(value, where: str, low: int = 0, *, null: bool = False):
+    """``value`` if it is an int (not a bool) of at least ``low`` (``None`` too with ``null``)."""
+    if (null and value is None) or (isinstance(value, int) and not isinstance(value, bool) and value >= low):
+        return value
+    raise ResultError(f"{where} must be an integer >= {low}{' or null' if null else ''}, got {value!r}")
+
+
+def _typed(value, kind: type, where: str, *, null: bool = False):
+    """``value`` if it is a ``kind`` (``str``, ``bool``, ``dict``, ``list``; ``None`` too with ``null``)."""
+    if (null and value is None) or isinstance(value, kind):
+        return value
+    names = {str: "a string", bool: "true or false", dict: "a mapping", list: "a list"}
+    raise ResultError(f"{where} must be {names[kind]}{' or null' if null else ''}, got {value!r}"[:300])
+
+
+def json_values(tree, where: str):
+    """``tree`` if every leaf of it is a string, a bool or a finite number (no null, NaN or
+    infinity: what the stored references and analyses hold), else :class:`ResultError` naming
+    the first other leaf by its path."""
+    if isinstance(tree, dict):
+        for key, sub in tree.items():
+            json_values(sub, _at(where, key))
+    elif isinstance(tree, list):
+        for i, sub in enumerate(tree):
+            json_values(sub, _at(where, i))
+    elif not isinstance(tree, (str, bool)):
+        finite(tree, where)
+    return tree
+
+
+#: The fields of an evaluation in a run's history: ``train_loss`` is null at step 0 (nothing
+#: trained yet); every other is a finite number.
+HISTORY_FIELDS = ("step", "lr", "train_loss", "eval_excess_loss", "eval_stderr", "eval_query_loss", "seconds")
+
+
+def _history(history, where: str) -> list[dict]:
+    """A run's evaluation history checked (:data:`HISTORY_FIELDS`, steps increasing)."""
+    if not _typed(history, list, where):
+        raise ResultError(f"{where} must hold at least one evaluation, got []")
+    last = -1
+    for i, entry in enumerate(history):
+        at = _at(where, i)
+        if set(_typed(entry, dict, at)) != set(HISTORY_FIELDS):
+            raise ResultError(f"{at} must have the fields {list(HISTORY_FIELDS)}, got {sorted(entry)}")
+        if integer(entry["step"], _at(at, "step")) <= last:
+            raise ResultError(f"{_at(at, 'step')} must be above the step before ({last}), got {entry['step']}")
+        last = entry["step"]
+        for name in HISTORY_FIELDS[1:]:
+            finite(entry[name], _at(at, name), null=name == "train_loss")
+    return history
 
 
 @dataclass
@@ -75,10 +148,21 @@ class Attempt:
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "attempt") -> Attempt:
-        return cls(**_checked(cls, data, where))
+        _checked(cls, data, where)
+        return cls(steps=integer(data["steps"], _at(where, "steps"), 1),
+                   final_loss=finite(data["final_loss"], _at(where, "final_loss")),
+                   converged=_typed(data["converged"], bool, _at(where, "converged")))
 
     def to_dict(self) -> dict:
         return {"steps": self.steps, "final_loss": self.final_loss, "converged": self.converged}
+
+
+#: The type of each field of a :class:`Provenance`: ``str``, ``bool``, ``int`` or ``float`` (a
+#: finite number); the fields with a default may also be null.
+_PROVENANCE_TYPES = {"fvlib": str, "commit": str, "fvlib_modified": bool, "torch": str, "python": str,
+                     "device": str, "device_name": str, "threads": int, "wall_seconds": float,
+                     "cpu_seconds": float, "date": str, "item": str, "runs_in_item": int,
+                     "resumed_seconds": float}
 
 
 @dataclass
@@ -108,7 +192,19 @@ class Provenance:
     @classmethod
     def from_dict(cls, data: dict, where: str = "provenance") -> Provenance:
         data = dict(_checked(cls, data, where))
-        data["earlier"] = [cls.from_dict(p, f"{where}/earlier/{i}") for i, p in enumerate(data.get("earlier", []))]
+        nullable = {"commit", "fvlib_modified", "item", "runs_in_item", "resumed_seconds"}
+        for name, kind in _PROVENANCE_TYPES.items():
+            if name not in data:
+                continue
+            at, null = _at(where, name), name in nullable
+            if kind is float:
+                finite(data[name], at, null=null)
+            elif kind is int:
+                integer(data[name], at, null=null)
+            else:
+                _typed(data[name], kind, at, null=null)
+        earlier = _typed(data.get("earlier", []), list, _at(where, "earlier"))
+        data["earlier"] = [cls.from_dict(p, _at(where, f"earlier/{i}")) for i, p in enumerate(earlier)]
         return cls(**data)
 
     def to_dict(self) -> dict:
@@ -120,8 +216,9 @@ class Provenance:
 @dataclass
 class RunRecord:
     """One stored run (:mod:`fvlib.experiments.runner`): labels, complete config, final numbers,
-    attempts, evaluation history (``step``, ``lr``, ``train_loss``, ``eval_excess_loss``,
-    ``eval_stderr``, ``eval_query_loss``, ``seconds`` per evaluation), analyses, provenance."""
+    attempts, evaluation history (:data:`HISTORY_FIELDS` per evaluation), analyses, provenance.
+    :meth:`from_dict` checks every field's type (a finite number where a number is due), and that
+    the final loss is the last evaluation's and the last attempt's."""
 
     key: str
     variant: str
@@ -143,12 +240,30 @@ class RunRecord:
     @classmethod
     def from_dict(cls, data: dict, where: str = "run") -> RunRecord:
         data = dict(_checked(cls, data, where))
+        for name in ("key", "variant", "prior"):
+            _typed(data[name], str, _at(where, name))
+        for name, low in (("budget", 1), ("seed", 0), ("steps", 1)):
+            integer(data[name], _at(where, name), low)
+        for name in ("final_loss", "final_stderr", "final_query_loss"):
+            finite(data[name], _at(where, name))
+        _typed(data["converged"], bool, _at(where, "converged"))
         try:
-            data["config"] = TrainConfig.from_dict(data["config"]).to_dict()
+            data["config"] = TrainConfig.from_dict(_typed(data["config"], dict, _at(where, "config"))).to_dict()
         except (TypeError, ValueError) as err:
-            raise ResultError(f"{where}/config: {err}") from None
-        data["attempts"] = [Attempt.from_dict(a, f"{where}/attempts/{i}") for i, a in enumerate(data["attempts"])]
-        data["provenance"] = Provenance.from_dict(data["provenance"], f"{where}/provenance")
+            raise ResultError(f"{_at(where, 'config')}: {err}") from None
+        attempts = _typed(data["attempts"], list, _at(where, "attempts")) or [None]
+        data["attempts"] = [Attempt.from_dict(a, _at(where, f"attempts/{i}")) for i, a in enumerate(attempts)]
+        data["history"] = _history(data["history"], _at(where, "history"))
+        data["provenance"] = Provenance.from_dict(data["provenance"], _at(where, "provenance"))
+        for name in ("greedy_paired", "gap"):
+            if _typed(data.get(name), dict, _at(where, name), null=True) is not None:
+                json_values(data[name], _at(where, name))
+        last = data["history"][-1]
+        if (last["step"], last["eval_excess_loss"]) != (data["steps"], data["final_loss"]) \
+                or data["attempts"][-1].final_loss != data["final_loss"]:
+            raise ResultError(f"{_at(where, 'final_loss')} ({data['final_loss']!r} at step {data['steps']}) must be "
+                              f"the last evaluation's ({last['eval_excess_loss']!r} at step {last['step']}) and "
+                              f"the last attempt's ({data['attempts'][-1].final_loss!r})")
         return cls(**data)
 
     def to_dict(self) -> dict:
@@ -156,11 +271,6 @@ class RunRecord:
         out["attempts"] = [a.to_dict() for a in self.attempts]
         out["provenance"] = self.provenance.to_dict()
         return out
-
-
-#: Version 1's top-level rule fields, by their name under version 2's ``rules``.
-V1_RULES = {"convergence": "convergence_rule", "tolerance": "tolerance_rule", "prefix": "prefix_rule",
-            "theory_tolerance": "theory_tolerance_rule"}
 
 
 @dataclass
@@ -172,6 +282,12 @@ class Rules:
     tolerance: str | None = None
     prefix: str | None = None
     theory_tolerance: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str = "rules") -> Rules:
+        for name, value in _checked(cls, data, where).items():
+            _typed(value, str, _at(where, name), null=True)
+        return cls(**data)
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -192,7 +308,7 @@ def theory_kind(theory: dict | None) -> str | None:
 
 @dataclass
 class ResultFile:
-    """A stored experiment's result file (module docs); :meth:`from_dict` reads versions 1 and 2."""
+    """A stored experiment's result file (module docs); :meth:`from_dict` reads version 3 (sealed)."""
 
     experiment: str
     description: str
@@ -205,44 +321,60 @@ class ResultFile:
     runs: dict[str, RunRecord]
 
     @classmethod
-    def from_dict(cls, data: dict, where: str = "result") -> ResultFile:
-        """Read a result file's JSON (version 1 turned into version 2); raises :class:`ResultError`
-        naming ``where`` and the field when it is not a result file."""
+    def from_dict(cls, data: dict, source: str = "result", *, unsealed: bool = False) -> ResultFile:
+        """Read and check a result file's JSON (every field's type; :mod:`fvlib.experiments.seal`'s
+        ``seal`` present, which :func:`~fvlib.experiments.storage.read_result` checks against the
+        content). ``unsealed``: a version-2 file (before seals) is read too (its ``seal`` absent),
+        for :func:`~fvlib.experiments.storage.seal_result`. Raises :class:`ResultError` naming
+        ``source`` and the first bad field by its path (``runs/KEY/final_loss``)."""
+        try:
+            return cls._from_dict(data, source, unsealed)
+        except ResultError as err:
+            raise ResultError(f"{source}: {err}") from None
+
+    @classmethod
+    def _from_dict(cls, data, source: str, unsealed: bool) -> ResultFile:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise ResultError(f"{where} is not a result file (format {FORMAT!r})")
+            raise ResultError(f"not a result file (format {FORMAT!r})")
         version = data.get("version")
-        if version == 1:
-            data = _upgrade_v1(data)
-        elif version != VERSION:
-            raise ResultError(f"{where}: unknown result file version {version!r} (this fvlib reads 1 and {VERSION})")
-        body = {k: v for k, v in data.items() if k not in ("format", "version")}
-        body = dict(_checked(cls, body, where))
-        body["rules"] = Rules(**_checked(Rules, body["rules"], f"{where}/rules"))
+        if version in (1, 2) and not (unsealed and version == 2):
+            raise ResultError(f"a version-{version} result file, written before result files were sealed; "
+                              f"restore the stored file (`git checkout {source}`) or seal it after checking it "
+                              f"(`python -m fvlib experiment seal NAME`)")
+        if version not in (2, VERSION):
+            raise ResultError(f"unknown result file version {version!r} (this fvlib reads version {VERSION}); "
+                              f"a newer fvlib wrote it")
+        body = {k: v for k, v in data.items() if k not in ("format", "version", "seal")}
+        if version == VERSION and "seal" not in data:
+            raise ResultError("seal is missing")
+        body = dict(_checked(cls, body, ""))
+        for name in ("experiment", "description", "chapter"):
+            _typed(body[name], str, name)
+        for i, key in enumerate(_typed(body["planned_runs"], list, "planned_runs")):
+            _typed(key, str, f"planned_runs/{i}")
+        body["rules"] = Rules.from_dict(body["rules"])
         if body["theory_kind"] not in (None, *THEORY_KINDS):
-            raise ResultError(f"{where}: theory_kind must be one of {THEORY_KINDS} or null, "
-                              f"got {body['theory_kind']!r}")
+            raise ResultError(f"theory_kind must be one of {THEORY_KINDS} or null, got {body['theory_kind']!r}")
+        if _typed(body["theory"], dict, "theory", null=True) is not None:
+            json_values(body["theory"], "theory")
+        if body["theory_kind"] != theory_kind(body["theory"]):
+            raise ResultError(f"theory_kind is {body['theory_kind']!r}, but the theory block is of kind "
+                              f"{theory_kind(body['theory'])!r}")
         if body["theory_provenance"] is not None:
-            body["theory_provenance"] = Provenance.from_dict(body["theory_provenance"], f"{where}/theory_provenance")
-        body["runs"] = {k: RunRecord.from_dict(r, f"{where}/runs/{k}") for k, r in body["runs"].items()}
+            body["theory_provenance"] = Provenance.from_dict(body["theory_provenance"], "theory_provenance")
+        body["runs"] = {k: RunRecord.from_dict(r, f"runs/{k}") for k, r in _typed(body["runs"], dict, "runs").items()}
+        for key, record in body["runs"].items():
+            if record.key != key:
+                raise ResultError(f"runs/{key}/key must be the run's key {key!r}, got {record.key!r}")
         return cls(**body)
 
     def to_dict(self) -> dict:
-        """The version-2 JSON of the file."""
+        """The JSON of the file, without its seal (:func:`~fvlib.experiments.seal.seal_of` adds it)."""
         return {"format": FORMAT, "version": VERSION, "experiment": self.experiment,
                 "description": self.description, "chapter": self.chapter, "planned_runs": list(self.planned_runs),
                 "rules": self.rules.to_dict(), "theory_kind": self.theory_kind, "theory": self.theory,
                 "theory_provenance": None if self.theory_provenance is None else self.theory_provenance.to_dict(),
                 "runs": {k: r.to_dict() for k, r in self.runs.items()}}
-
-
-def _upgrade_v1(data: dict) -> dict:
-    """A version-1 result file's JSON as version 2's (module docs); no number changes."""
-    out = {k: v for k, v in data.items() if k not in V1_RULES.values()}
-    out["version"] = VERSION
-    out["rules"] = {new: data.get(old) for new, old in V1_RULES.items()}
-    out["theory_kind"] = theory_kind(data.get("theory"))
-    out.setdefault("theory_provenance", None)
-    return out
 
 
 def new_result(experiment) -> ResultFile:
@@ -254,6 +386,7 @@ def new_result(experiment) -> ResultFile:
         rules=Rules(convergence=f"the evaluation loss fell by less than {CONVERGENCE_DROP:.0%} over the last "
                                 f"fifth of the steps; otherwise retrained with twice the steps, at most "
                                 f"{experiment.max_doublings} times",
-                    tolerance=TOLERANCE_RULE, prefix=PREFIX_RULE.format(rtol=experiment.prefix_rtol),
+                    tolerance=TOLERANCE_RULE.format(rtol=experiment.final_rtol),
+                    prefix=PREFIX_RULE.format(rtol=experiment.prefix_rtol),
                     theory_tolerance=THEORY_TOLERANCE_RULE),
         theory_kind=None, theory=None, theory_provenance=None, runs={})

@@ -48,6 +48,7 @@ from .records import Provenance, ResultFile, RunRecord, new_result, theory_kind
 from .references import TheoryParams
 from .rules import converged, may_double, runs_to_double
 from .storage import (
+    check_results_dir,
     load_result,
     read_result,
     result_lock,
@@ -179,9 +180,10 @@ def run(name: str, *, device: str = "cpu", jobs: int = 1, root=None, directory=N
     resolve_device(device)
     if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
         raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
+    check_results_dir(directory, writable=True)
     path = result_path(name, directory)
     with result_lock(path):
-        data = read_result(name, directory) if path.is_file() else new_result(experiment)
+        data = read_result(name, directory) if path.exists() else new_result(experiment)
         _update_rules(path, data, experiment)
         if data.theory is None or refresh_theory:
             _store_theory(path, data, experiment)

@@ -1,10 +1,14 @@
 """Where the stored experiments live on disk, and reading and writing them.
 
 ``results/NAME.json`` (:func:`result_path`, in :func:`results_dir`) holds an experiment's runs
-and references as a version-2 result file (:mod:`fvlib.experiments.records`);
+and references as a version-3 result file (:mod:`fvlib.experiments.records`);
 ``results/NAME.theory.safetensors`` (:func:`theory_params_path`) the optimised parameters of its
 references (:class:`~fvlib.experiments.references.TheoryParams`). Both are written in one step
-(:func:`~fvlib.files.write_atomic`), under :func:`result_lock` (one writer at a time).
+(:func:`~fvlib.files.write_atomic`), under :func:`result_lock` (one writer at a time), and only
+here: :func:`write_result` seals what it writes (:mod:`fvlib.experiments.seal`), and every read
+(:func:`read_result`, :func:`load_result`) checks the file's fields and its seal, so an edit made
+outside fvlib is refused in one line naming the file and the part. :func:`seal_result` (``python
+-m fvlib experiment seal NAME``) checks a file and seals it, the maintainer's explicit step.
 """
 
 from __future__ import annotations
@@ -17,13 +21,14 @@ from pathlib import Path
 import torch
 
 from ..files import ExclusiveLock, write_atomic, write_json_atomic
-from ..training.rundir import RunDirError, tensors_from_bytes, tensors_to_bytes
+from ..training.rundir import RunDirError, check_writable_dir, tensors_from_bytes, tensors_to_bytes
 from .definitions import get_experiment, same_config
-from .records import ResultError, ResultFile
+from .records import ResultError, ResultFile, new_result
 from .references import THEORY_PARAMS_FORMAT, THEORY_PARAMS_SUFFIX, TheoryParams
+from .seal import broken_parts, seal_of, seal_shape_error
 
-__all__ = ["RESULTS_ENV", "load_result", "load_theory_params", "read_result", "result_lock", "result_path",
-           "results_dir", "theory_params_path", "write_result", "write_theory_params"]
+__all__ = ["RESULTS_ENV", "check_results_dir", "load_result", "load_theory_params", "read_result", "result_lock",
+           "result_path", "results_dir", "seal_result", "theory_params_path", "write_result", "write_theory_params"]
 
 RESULTS_ENV = "FVLIB_RESULTS_DIR"
 
@@ -84,30 +89,91 @@ def load_theory_params(name: str, directory=None) -> tuple[dict[str, torch.Tenso
     return tensors, metadata
 
 
-def read_result(name: str, directory=None, *, complete: bool = False) -> ResultFile:
-    """The stored result of experiment ``name`` (``results/NAME.json``) as typed records, checked
-    (a version-1 file is read as version 2, :mod:`fvlib.experiments.records`).
+def check_results_dir(directory=None, *, writable: bool = False) -> Path:
+    """The folder of the result files (``directory``, default :func:`results_dir`), checked: not a
+    file, and with ``writable`` a folder that exists or can be made and where files can be
+    created. Raises :class:`~fvlib.experiments.records.ResultError` naming the folder (and
+    ``$FVLIB_RESULTS_DIR`` when it comes from there)."""
+    folder = Path(directory if directory is not None else results_dir())
+    named = f"{RESULTS_ENV}={folder}" if directory is None and os.environ.get(RESULTS_ENV) else str(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ResultError(f"the results folder {named} is a file, not a folder")
+    if writable:
+        try:
+            check_writable_dir(folder)
+        except RunDirError as err:
+            raise ResultError(f"the results folder {named} cannot be written: {err}") from None
+    return folder
 
-    Raises :class:`~fvlib.experiments.records.ResultError` (a ``ValueError``) when the file is missing or corrupt, when
-    it holds a run the experiment does not define (with another config), or with ``complete=True``
-    when runs are missing.
-    """
-    experiment = get_experiment(name)
-    path = result_path(name, directory)
+
+def _read_json(name: str, path: Path) -> dict:
+    """The JSON of result file ``path``, or a :class:`ResultError` naming it."""
+    check_results_dir(path.parent)
+    if path.is_dir():
+        raise ResultError(f"{path} is a folder, not a result file; move it away")
     if not path.is_file():
         raise ResultError(f"no stored result {path}; run `python -m fvlib experiment run {name}`")
     try:
-        raw = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ResultError(f"corrupt result file {path}: {err}") from None
-    result = ResultFile.from_dict(raw, str(path))
+
+
+def _check_name(name: str, path: Path, result: ResultFile) -> None:
+    """``result`` (read from ``path``) is of experiment ``name``."""
     if result.experiment != name:
-        raise ResultError(f"{path} is not a result file of experiment {name!r}")
+        raise ResultError(f"{path}: experiment is {result.experiment!r}, but the file is named for {name!r} "
+                          f"(a result of another experiment); move it away")
+
+
+def _check_definition(name: str, path: Path, result: ResultFile) -> None:
+    """``result`` is of experiment ``name`` and holds only runs of its definition."""
+    _check_name(name, path, result)
+    experiment = get_experiment(name)
     defined = experiment.run_by_key()
     for key, record in result.runs.items():
         if key not in defined or not same_config(record.config, defined[key].config, experiment.max_doublings):
             raise ResultError(f"{path} holds run {key!r} of another definition of {name!r}; "
                               f"move the file away to start over")
+
+
+def _beside_reader(path: Path):
+    """``name -> bytes or None``: the files beside result file ``path``."""
+    def read(name: str) -> bytes | None:
+        other = path.with_name(name)
+        return other.read_bytes() if other.is_file() and Path(name).name == name else None
+    return read
+
+
+def _check_seal(name: str, path: Path, raw: dict) -> None:
+    """The seal of result file ``path`` (JSON ``raw``) matches its content and the files beside it."""
+    problem = seal_shape_error(raw["seal"])
+    broken = [problem] if problem else broken_parts(raw, _beside_reader(path))
+    if broken:
+        beside = theory_params_path(name, path.parent)
+        raise ResultError(f"{path}: {', '.join(broken)} differs from the file's seal: it was edited outside fvlib; "
+                          f"restore the stored files (`git checkout {path} {beside}`), or move them away and run "
+                          f"`python -m fvlib experiment run {name}` again")
+
+
+def read_result(name: str, directory=None, *, complete: bool = False) -> ResultFile:
+    """The stored result of experiment ``name`` (``results/NAME.json``) as typed records, checked:
+    every field's type (:meth:`~fvlib.experiments.records.ResultFile.from_dict`), the experiment it
+    names, its seal (:mod:`fvlib.experiments.seal`: no part edited outside fvlib, nor the
+    parameters beside it), its runs of the definition.
+
+    Raises :class:`~fvlib.experiments.records.ResultError` (a ``ValueError``) naming the file and
+    the first bad field or part when the file is missing, corrupt, unsealed, edited or of
+    another experiment, when it holds a run the experiment does not define (with another
+    config), or with ``complete=True`` when runs are missing.
+    """
+    path = result_path(name, directory)
+    raw = _read_json(name, path)
+    result = ResultFile.from_dict(raw, str(path))
+    _check_name(name, path, result)
+    _check_seal(name, path, raw)
+    _check_definition(name, path, result)
+    defined = get_experiment(name).run_by_key()
     missing = [k for k in defined if k not in result.runs]
     if complete and (missing or result.theory is None):
         raise ResultError(f"{path} is incomplete: {len(missing)} of {len(defined)} runs missing"
@@ -117,21 +183,59 @@ def read_result(name: str, directory=None, *, complete: bool = False) -> ResultF
 
 
 def load_result(name: str, directory=None, *, complete: bool = False) -> dict:
-    """The stored result of experiment ``name`` as the chapters read it: the version-2 JSON of
-    :func:`read_result` (same checks, same errors)."""
+    """The stored result of experiment ``name`` as the chapters read it: the JSON of
+    :func:`read_result` (same checks, same errors), without its seal."""
     return read_result(name, directory, complete=complete).to_dict()
 
 
 def write_result(path: Path, result: ResultFile) -> None:
-    """Write ``result`` (version 2) to ``path`` in one step."""
-    write_json_atomic(path, result.to_dict(), indent=1)
+    """Write ``result`` to ``path`` in one step, sealed (:func:`~fvlib.experiments.seal.seal_of`:
+    its parts and the theory parameters beside it, if any). A failed write (a full disk) is a
+    :class:`~fvlib.experiments.records.ResultError` naming the file, which stays as it was."""
+    path = Path(path)
+    data = result.to_dict()
+    beside = path.with_name(f"{result.experiment}{THEORY_PARAMS_SUFFIX}")
+    data["seal"] = seal_of(data, {beside.name: beside.read_bytes()} if beside.is_file() else {})
+    try:
+        write_json_atomic(path, data, indent=1)
+    except OSError as err:
+        raise ResultError(f"cannot write {path} ({err.strerror or err}); the stored file is as it was") from None
 
 
 def write_theory_params(path: Path, name: str, params: TheoryParams) -> None:
-    """``params.tensors`` and what was searched as ``path`` (safetensors, written in one step)."""
+    """``params.tensors`` and what was searched as ``path`` (safetensors, written in one step; the
+    result file written next seals its bytes)."""
     metadata = {"format": THEORY_PARAMS_FORMAT, "experiment": name, "optimiser_starts": str(params.starts),
                 "selection_seed": str(params.selection_seed), "selection": json.dumps(params.selection)}
-    write_atomic(path, tensors_to_bytes(params.tensors, metadata))
+    try:
+        write_atomic(path, tensors_to_bytes(params.tensors, metadata))
+    except OSError as err:
+        raise ResultError(f"cannot write {path} ({err.strerror or err}); the stored file is as it was") from None
+
+
+def seal_result(name: str, directory=None) -> dict:
+    """Check the result file of experiment ``name`` and seal it (``python -m fvlib experiment seal
+    NAME``): the maintainer's way to seal a file written before seals (version 2) or changed on
+    purpose. Checked first: every field's type, the experiment it names, every run of the
+    definition (:func:`read_result`'s checks but the seal), the theory parameters beside it
+    readable and of this experiment; then the file is written by :func:`write_result` with
+    today's rules (the seal covers the parameters' bytes). Returns what was checked:
+    ``{"experiment", "file", "version", "runs", "theory_parameters", "rules_updated"}``."""
+    path = result_path(name, directory)
+    with result_lock(path):
+        raw = _read_json(name, path)
+        result = ResultFile.from_dict(raw, str(path), unsealed=True)
+        _check_definition(name, path, result)
+        params = None
+        if result.theory is not None:
+            tensors, _ = load_theory_params(name, directory)
+            params = f"{theory_params_path(name, directory)} ({len(tensors)} tensors)"
+        today = new_result(get_experiment(name)).rules
+        updated = result.rules != today
+        result.rules = today
+        write_result(path, result)
+    return {"experiment": name, "file": str(path), "version": raw.get("version"), "runs": len(result.runs),
+            "theory_parameters": params, "rules_updated": updated}
 
 
 def result_lock(path: Path) -> ExclusiveLock:

@@ -89,7 +89,8 @@ def verify(name: str, runs: int = 1, *, directory=None, device: str = "cpu", pro
     cheapest stored run and compare it with the stored history (:data:`~fvlib.experiments.rules.PREFIX_RULE`, tolerance
     :attr:`~fvlib.experiments.definitions.Experiment.prefix_rtol` of the definition). ``full``: retrain the ``runs``
     cheapest stored runs to the end instead (in memory, batched as they were stored, so that the same CPU
-    gives the same bits) and compare their final losses (:data:`~fvlib.experiments.rules.TOLERANCE_RULE`), and
+    gives the same bits) and compare their final losses (:data:`~fvlib.experiments.rules.TOLERANCE_RULE`: within the
+    definition's :attr:`~fvlib.experiments.definitions.Experiment.final_rtol`), and
     re-optimise the references for information. With ``theory`` (first) the stored references are
     re-evaluated from their stored parameters and compared (:func:`theory_differences`; a
     missing or unreadable parameter file raises :class:`~fvlib.experiments.records.ResultError` naming it).
@@ -99,7 +100,7 @@ def verify(name: str, runs: int = 1, *, directory=None, device: str = "cpu", pro
     """
     if not isinstance(runs, int) or isinstance(runs, bool) or runs < 1:
         raise ValueError(f"runs must be a positive integer, got {runs!r}")
-    data = load_result(name, directory)
+    data = load_result(name, directory)   # every run's seal checked before anything is retrained
     if not data["runs"]:
         raise ResultError(f"{result_path(name, directory)} holds no runs yet")
     # first: a missing parameter file fails before any training
@@ -169,7 +170,7 @@ def check_whole_run(data: dict, key: str, config: TrainConfig, device: str, prog
     # same numbers) or alone in train_many, so that the same CPU reproduces it bit for bit
     stack = min(2, stack_size(data, record))
     result = train_many([replace(config, device=device)] * stack, progress=progress)[0]
-    tol = tolerance(data, record)
+    tol = tolerance(get_experiment(data["experiment"]), record)
     diff = abs(result.final_loss - record["final_loss"])
     return {"key": key, "steps": config.steps, "stored": record["final_loss"], "retrained": result.final_loss,
             "difference": diff, "tolerance": tol, "ok": bool(diff <= tol),
