@@ -98,7 +98,8 @@ def _typed(value, kind: type, where: str, *, null: bool = False):
     if (null and value is None) or isinstance(value, kind):
         return value
     names = {str: "a string", bool: "true or false", dict: "a mapping", list: "a list"}
-    raise ResultError(f"{where} must be {names[kind]}{' or null' if null else ''}, got {value!r}"[:300])
+    got = f"a {type(value).__name__}" if isinstance(value, (dict, list)) else repr(value)[:80]
+    raise ResultError(f"{where} must be {names[kind]}{' or null' if null else ''}, got {got}")
 
 
 def json_values(tree, where: str):

@@ -183,7 +183,7 @@ def run(name: str, *, device: str = "cpu", jobs: int = 1, root=None, directory=N
     check_results_dir(directory, writable=True)
     path = result_path(name, directory)
     with result_lock(path):
-        data = read_result(name, directory) if path.exists() else new_result(experiment)
+        data = read_result(name, directory, beside=not refresh_theory) if path.exists() else new_result(experiment)
         _update_rules(path, data, experiment)
         if data.theory is None or refresh_theory:
             _store_theory(path, data, experiment)
@@ -255,7 +255,7 @@ def refresh_theory(name: str, directory=None) -> dict:
     experiment = get_experiment(name)
     path = result_path(name, directory)
     with result_lock(path):
-        data = read_result(name, directory)
+        data = read_result(name, directory, beside=False)   # the parameters are written anew
         _update_rules(path, data, experiment)
         _store_theory(path, data, experiment)
     return data.to_dict()

@@ -62,12 +62,13 @@ def seal_shape_error(seal) -> str | None:
     return None
 
 
-def broken_parts(data: dict, read_beside: Callable[[str], bytes | None]) -> list[str]:
+def broken_parts(data: dict, read_beside: Callable[[str], bytes | None] | None) -> list[str]:
     """The parts of a result file's JSON ``data`` whose content differs from its ``seal``
     (``fields/FIELD`` named ``FIELD``, ``runs/KEY``, a file beside it by its name), each with how
     (``changed``, ``added``, ``removed``, ``missing``); ``[]`` when every part matches.
     ``read_beside(name)``: the bytes of the file ``name`` beside the result file (``None`` if
-    there is none)."""
+    there is none); ``None``: the files beside it are not compared (they are about to be
+    written anew)."""
     fresh = seal_of(data, {})
     seal = data["seal"]
     out = []
@@ -79,7 +80,7 @@ def broken_parts(data: dict, read_beside: Callable[[str], bytes | None]) -> list
                 out.append(f"{prefix}{name} (added)")
             elif fresh[part][name] != seal[part][name]:
                 out.append(f"{prefix}{name} (changed)")
-    for name, want in sorted(seal["beside"].items()):
+    for name, want in sorted(seal["beside"].items()) if read_beside is not None else ():
         content = read_beside(name)
         if content is None:
             out.append(f"{name} (missing)")

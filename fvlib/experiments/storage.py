@@ -95,7 +95,8 @@ def check_results_dir(directory=None, *, writable: bool = False) -> Path:
     created. Raises :class:`~fvlib.experiments.records.ResultError` naming the folder (and
     ``$FVLIB_RESULTS_DIR`` when it comes from there)."""
     folder = Path(directory if directory is not None else results_dir())
-    named = f"{RESULTS_ENV}={folder}" if directory is None and os.environ.get(RESULTS_ENV) else str(folder)
+    from_env = os.environ.get(RESULTS_ENV) and folder == Path(os.environ[RESULTS_ENV])
+    named = f"{RESULTS_ENV}={folder}" if from_env else str(folder)
     if folder.exists() and not folder.is_dir():
         raise ResultError(f"the results folder {named} is a file, not a folder")
     if writable:
@@ -145,18 +146,21 @@ def _beside_reader(path: Path):
     return read
 
 
-def _check_seal(name: str, path: Path, raw: dict) -> None:
-    """The seal of result file ``path`` (JSON ``raw``) matches its content and the files beside it."""
+def _check_seal(name: str, path: Path, raw: dict, beside: bool) -> None:
+    """The seal of result file ``path`` (JSON ``raw``) matches its content (and with ``beside``
+    the files beside it)."""
     problem = seal_shape_error(raw["seal"])
-    broken = [problem] if problem else broken_parts(raw, _beside_reader(path))
+    broken = [problem] if problem else broken_parts(raw, _beside_reader(path) if beside else None)
     if broken:
-        beside = theory_params_path(name, path.parent)
+        params = theory_params_path(name, path.parent)
+        fix = (f"recompute the references (`python -m fvlib experiment run {name} --refresh-theory`)"
+               if all(part.startswith(params.name) for part in broken)
+               else f"move them away and run `python -m fvlib experiment run {name}` again")
         raise ResultError(f"{path}: {', '.join(broken)} differs from the file's seal: it was edited outside fvlib; "
-                          f"restore the stored files (`git checkout {path} {beside}`), or move them away and run "
-                          f"`python -m fvlib experiment run {name}` again")
+                          f"restore the stored files (`git checkout {path} {params}`), or {fix}")
 
 
-def read_result(name: str, directory=None, *, complete: bool = False) -> ResultFile:
+def read_result(name: str, directory=None, *, complete: bool = False, beside: bool = True) -> ResultFile:
     """The stored result of experiment ``name`` (``results/NAME.json``) as typed records, checked:
     every field's type (:meth:`~fvlib.experiments.records.ResultFile.from_dict`), the experiment it
     names, its seal (:mod:`fvlib.experiments.seal`: no part edited outside fvlib, nor the
@@ -165,13 +169,15 @@ def read_result(name: str, directory=None, *, complete: bool = False) -> ResultF
     Raises :class:`~fvlib.experiments.records.ResultError` (a ``ValueError``) naming the file and
     the first bad field or part when the file is missing, corrupt, unsealed, edited or of
     another experiment, when it holds a run the experiment does not define (with another
-    config), or with ``complete=True`` when runs are missing.
+    config), or with ``complete=True`` when runs are missing. ``beside=False``: the theory
+    parameters beside the file are not compared with the seal (for a writer about to recompute
+    them, :func:`~fvlib.experiments.runner.refresh_theory`).
     """
     path = result_path(name, directory)
     raw = _read_json(name, path)
     result = ResultFile.from_dict(raw, str(path))
     _check_name(name, path, result)
-    _check_seal(name, path, raw)
+    _check_seal(name, path, raw, beside)
     _check_definition(name, path, result)
     defined = get_experiment(name).run_by_key()
     missing = [k for k in defined if k not in result.runs]

@@ -1,4 +1,5 @@
-"""The result file as typed records: version 1 read as version 2 without a number changed."""
+"""The result file as typed records (version 3, sealed): every stored file round-trips; older versions and
+unknown fields are refused naming them."""
 
 import json
 import subprocess
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from fvlib.experiments import ResultError, ResultFile, experiment_names, result_path
+from fvlib.experiments.seal import seal_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,22 +23,28 @@ def _as_version_1(data: dict) -> dict:
 
 
 @pytest.mark.parametrize("name", experiment_names())
-def test_every_stored_file_is_version_2_and_round_trips(name):
+def test_every_stored_file_is_version_3_and_round_trips(name):
     data = json.loads(result_path(name).read_text())
-    assert data["version"] == 2
-    assert ResultFile.from_dict(data).to_dict() == data
+    assert data["version"] == 3
+    seal = data.pop("seal")
+    assert ResultFile.from_dict({**data, "seal": seal}).to_dict() == data
+    assert seal_of(data, {})["runs"] == seal["runs"] and set(seal["beside"]) == {f"{name}.theory.safetensors"}
 
 
-def test_a_version_1_file_reads_as_version_2(tmp_path):
+def test_an_unsealed_older_version_is_refused_with_what_to_do():
     data = json.loads(result_path("recipes-a").read_text())
-    upgraded = ResultFile.from_dict(_as_version_1(data)).to_dict()
-    assert upgraded == data and upgraded["theory_kind"] == "per-budget"
+    with pytest.raises(ResultError, match="version-1 result file.*experiment seal"):
+        ResultFile.from_dict(_as_version_1(data))
+    unsealed = {k: v for k, v in data.items() if k != "seal"} | {"version": 2}
+    with pytest.raises(ResultError, match="version-2 result file.*git checkout"):
+        ResultFile.from_dict(unsealed)
+    assert ResultFile.from_dict(unsealed, unsealed=True).runs.keys() == data["runs"].keys()
 
 
 def test_an_unknown_version_or_field_is_refused_naming_it():
     data = json.loads(result_path("transformers-k4").read_text())
-    with pytest.raises(ResultError, match="unknown result file version 3"):
-        ResultFile.from_dict({**data, "version": 3})
+    with pytest.raises(ResultError, match="unknown result file version 4"):
+        ResultFile.from_dict({**data, "version": 4})
     key = next(iter(data["runs"]))
     data["runs"][key]["colour"] = "red"
     with pytest.raises(ResultError, match=rf"runs/{key}.* unknown fields \['colour'\]"):

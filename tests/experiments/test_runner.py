@@ -14,15 +14,21 @@ from fvlib import experiments
 from fvlib.cli import main
 from fvlib.experiments import references, runner
 from fvlib.experiments.definitions import constrained_config, same_config
-from fvlib.experiments.records import new_result
+from fvlib.experiments.records import ResultFile, new_result
 from fvlib.experiments.references import tree_theory
-from fvlib.experiments.storage import RESULTS_ENV
+from fvlib.experiments.storage import RESULTS_ENV, write_result
 from fvlib.experiments.verify import check_theory, stack_size
 from fvlib.training import ADDED_FIELDS, TrainConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
+
+
+def write_sealed(path: Path, data: dict) -> None:
+    """``data`` (a result file's JSON, edited) written back by the store's own writer, sealed: a
+    change the store made itself, which only the other checks can catch."""
+    write_result(path, ResultFile.from_dict(data, str(path)))
 
 
 def _tiny_item(variant, prior, seeds, steps=40):
@@ -65,8 +71,8 @@ def test_run_writes_every_field_and_resumes(tiny):
     assert record["converged"] is False and record["steps"] == 160
     assert stored["theory"]["budgets"] == [1, 2, 3] and stored["theory"]["samples"] == experiments.THEORY_SAMPLES
     # the file states how verify judges it and what counts as converged
-    assert (stored["rules"]["tolerance"], stored["rules"]["theory_tolerance"]) == (experiments.TOLERANCE_RULE,
-                                                                          experiments.THEORY_TOLERANCE_RULE)
+    assert (stored["rules"]["tolerance"], stored["rules"]["theory_tolerance"]) == (
+        experiments.TOLERANCE_RULE.format(rtol=experiment.final_rtol), experiments.THEORY_TOLERANCE_RULE)
     assert "at most 2 times" in stored["rules"]["convergence"]
     # resuming trains only what is missing; the stored runs are kept as they are
     again = experiments.run("depth-sweep-k6", progress=False)
@@ -94,9 +100,11 @@ def test_verify_reproduces_and_fails_on_a_changed_number(tiny):
     path = tmp / "results" / "depth-sweep-k6.json"
     data = json.loads(path.read_text())
     for key in data["runs"]:
-        if key.startswith("B/"):
-            data["runs"][key]["final_loss"] *= 1.5  # a number that no longer reproduces
-    path.write_text(json.dumps(data))
+        if key.startswith("B/"):   # a number that no longer reproduces, re-sealed: verify must catch it
+            record = data["runs"][key]
+            record["final_loss"] = record["history"][-1]["eval_excess_loss"] = \
+                record["attempts"][-1]["final_loss"] = 1.5 * record["final_loss"]
+    write_sealed(path, data)
     assert not experiments.verify("depth-sweep-k6", runs=1, full=True)["ok"]
     assert main(["experiment", "verify", "depth-sweep-k6", "--full"]) == 2
 
@@ -116,7 +124,7 @@ def test_the_quick_check_retrains_a_prefix_per_family_and_fails_on_a_changed_his
         assert check["steps"] == record["history"][1]["step"] and check["relative"] < 1e-6  # same CPU
     key = report["checked"][0]["key"]
     data["runs"][key]["history"][1]["eval_excess_loss"] *= 1 + 2 * experiment.prefix_rtol
-    (tmp / "results" / "depth-sweep-k6.json").write_text(json.dumps(data))
+    write_sealed(tmp / "results" / "depth-sweep-k6.json", data)
     assert not experiments.verify("depth-sweep-k6", theory=False)["ok"]
     assert main(["experiment", "verify", "depth-sweep-k6", "--no-theory"]) == 2
     assert main(["experiment", "verify", "depth-sweep-k6", "--runs", "2"]) == 2  # --runs needs --full
@@ -145,7 +153,7 @@ def test_verify_recomputes_the_theory_and_run_refreshes_it(tiny, capsys):
     data = json.loads(path.read_text())
     assert data["theory_provenance"]["commit"] == data["runs"]["B/gaussian-twin/M3/seed0"]["provenance"]["commit"]
     data["theory"]["curves"]["nonadaptive_opt"]["mean"][1] += 0.1      # a reference of older code
-    path.write_text(json.dumps(data))
+    write_sealed(path, data)
     report = experiments.verify("depth-sweep-k6", runs=1)
     assert report["checked"][0]["ok"] and not report["ok"]
     assert [d["path"] for d in report["theory"]["differences"]] == ["curves/nonadaptive_opt/mean/1"]
@@ -190,7 +198,7 @@ def test_load_result_refuses_missing_corrupt_and_foreign_files(tiny, capsys):
     data = json.loads(path.read_text())
     key = next(iter(data["runs"]))
     data["runs"][key]["config"]["lr"] = 0.5
-    path.write_text(json.dumps(data))
+    write_sealed(path, data)
     with pytest.raises(experiments.ResultError, match="another definition"):
         experiments.load_result("depth-sweep-k6")
     path.write_text("{not json")
@@ -277,7 +285,8 @@ def test_every_stored_result_loads_and_its_configs_build(name):
         key = experiments.run_key(record["variant"], config.prior, config.budget, config.seed)
         assert data["runs"][key] is record, key
     # the rules the file states are the ones verify and run apply today
-    assert data["rules"]["tolerance"] == experiments.TOLERANCE_RULE
+    final_rtol = experiments.get_experiment(name).final_rtol
+    assert data["rules"]["tolerance"] == experiments.TOLERANCE_RULE.format(rtol=final_rtol)
     assert data["rules"]["theory_tolerance"] == experiments.THEORY_TOLERANCE_RULE, "run `experiment run` to update"
     # the optimised parameters of its references beside it, found as the file says
     _, metadata = experiments.load_theory_params(name)
@@ -572,11 +581,11 @@ def test_run_brings_an_older_files_rules_up_to_date_without_training(tiny):
     older = json.loads(path.read_text())
     del older["rules"]["theory_tolerance"]
     older["rules"]["tolerance"] = "an older wording"
-    path.write_text(json.dumps(older))
+    write_sealed(path, older)
     again = experiments.run("depth-sweep-k6", progress=False)
     stored = json.loads(path.read_text())
     assert stored["rules"]["theory_tolerance"] == experiments.THEORY_TOLERANCE_RULE
-    assert stored["rules"]["tolerance"] == experiments.TOLERANCE_RULE
+    assert stored["rules"]["tolerance"] == experiments.TOLERANCE_RULE.format(rtol=experiment.final_rtol)
     assert stored["runs"] == first["runs"] == again["runs"]
 
 
@@ -621,7 +630,7 @@ def test_a_definition_with_more_doublings_retrains_only_the_runs_still_falling(t
     stored = json.loads(path.read_text())
     kept = stored["runs"][item[1].key]          # pretend this one converged: it must stay
     kept["converged"] = kept["attempts"][-1]["converged"] = True
-    path.write_text(json.dumps(stored))
+    write_sealed(path, stored)
     grown = replace(experiment, max_doublings=1)
     monkeypatch.setitem(experiments.EXPERIMENTS, "depth-sweep-k6", grown)
     falling = [k for k, r in stored["runs"].items() if not r["converged"]]
