@@ -292,6 +292,7 @@ def experiment_seal(args) -> dict:
             "checked": f"version {report['version']} file: every field's type, experiment {report['experiment']}, "
                        f"{report['runs']} runs of its definition",
             "theory parameters": report["theory_parameters"] or "none (no theory yet)",
+            "newly sealed": ", ".join(report["unsealed_parts"]) or "nothing (the seal matched)",
             "rules": "brought up to today's" if report["rules_updated"] else "today's"}
 
 

@@ -146,11 +146,16 @@ def _beside_reader(path: Path):
     return read
 
 
+def _unsealed_parts(path: Path, raw: dict, beside: bool = True) -> list[str]:
+    """The parts of result file ``path`` (JSON ``raw``, version 3) that differ from its seal."""
+    problem = seal_shape_error(raw["seal"])
+    return [problem] if problem else broken_parts(raw, _beside_reader(path) if beside else None)
+
+
 def _check_seal(name: str, path: Path, raw: dict, beside: bool) -> None:
     """The seal of result file ``path`` (JSON ``raw``) matches its content (and with ``beside``
     the files beside it)."""
-    problem = seal_shape_error(raw["seal"])
-    broken = [problem] if problem else broken_parts(raw, _beside_reader(path) if beside else None)
+    broken = _unsealed_parts(path, raw, beside)
     if broken:
         params = theory_params_path(name, path.parent)
         fix = (f"recompute the references (`python -m fvlib experiment run {name} --refresh-theory`)"
@@ -226,12 +231,14 @@ def seal_result(name: str, directory=None) -> dict:
     definition (:func:`read_result`'s checks but the seal), the theory parameters beside it
     readable and of this experiment; then the file is written by :func:`write_result` with
     today's rules (the seal covers the parameters' bytes). Returns what was checked:
-    ``{"experiment", "file", "version", "runs", "theory_parameters", "rules_updated"}``."""
+    ``{"experiment", "file", "version", "runs", "theory_parameters", "rules_updated",
+    "unsealed_parts"}`` (the last: the parts that differed from the old seal, now sealed)."""
     path = result_path(name, directory)
     with result_lock(path):
         raw = _read_json(name, path)
         result = ResultFile.from_dict(raw, str(path), unsealed=True)
         _check_definition(name, path, result)
+        unsealed = ["all (version 2)"] if raw.get("version") == 2 else _unsealed_parts(path, raw)
         params = None
         if result.theory is not None:
             tensors, _ = load_theory_params(name, directory)
@@ -241,7 +248,7 @@ def seal_result(name: str, directory=None) -> dict:
         result.rules = today
         write_result(path, result)
     return {"experiment": name, "file": str(path), "version": raw.get("version"), "runs": len(result.runs),
-            "theory_parameters": params, "rules_updated": updated}
+            "theory_parameters": params, "rules_updated": updated, "unsealed_parts": unsealed}
 
 
 def result_lock(path: Path) -> ExclusiveLock:

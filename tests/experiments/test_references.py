@@ -13,7 +13,7 @@ from fvlib.experiments.definitions import constrained_config
 from fvlib.experiments.provenance import cpu_name
 from fvlib.experiments.records import new_result
 from fvlib.experiments.references import reference_theory, tree_theory
-from fvlib.experiments.storage import RESULTS_ENV, write_result
+from fvlib.experiments.storage import RESULTS_ENV, read_result, write_result
 from fvlib.experiments.verify import check_theory
 from fvlib.theory import (
     AdaptivePolicy,
@@ -69,11 +69,13 @@ def sweep(refreshed, monkeypatch, tmp_path):
 
 
 def _rewrite_params(change) -> None:
-    """Rewrite the stored sidecar with ``change(tensors, metadata)`` applied."""
+    """Rewrite the stored sidecar with ``change(tensors, metadata)`` applied, and the result file
+    beside it sealed again by the store's writer (as a change of fvlib's own would be)."""
     path = experiments.theory_params_path(NAME)
     tensors, metadata = tensors_from_bytes(path.read_bytes(), path)
     change(tensors, metadata)
     path.write_bytes(tensors_to_bytes(tensors, metadata))
+    write_result(experiments.result_path(NAME), read_result(NAME, beside=False))
 
 
 def test_policy_state_rebuilds_every_kind():

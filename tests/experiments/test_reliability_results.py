@@ -188,7 +188,7 @@ def test_a_loss_changed_by_ten_percent_is_refused_by_the_seal_and_seal_result_re
     _refused(capsys, ["experiment", "show", REF])
     assert main(["experiment", "seal", REF]) == 0
     out = capsys.readouterr().out
-    assert "21 runs of its definition" in out and "3 tensors" in out
+    assert "21 runs of its definition" in out and "3 tensors" in out and f"runs/{RUN} (changed)" in out
     assert experiments.load_result(REF)["runs"][RUN]["final_loss"] == pytest.approx(1.1 * before)
 
 
