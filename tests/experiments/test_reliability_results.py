@@ -326,3 +326,16 @@ def test_YR3_YR5_a_results_folder_that_is_a_file_is_refused(argv, tiny, capsys, 
     err = _refused(capsys, argv)
     assert f"{afile} is a file, not a folder" in err and "Errno" not in err
     assert f"{RESULTS_ENV}={afile}" in err
+
+
+def test_an_unsealed_version_2_file_is_refused_until_experiment_seal_checks_and_seals_it(store, capsys):
+    """How the stored files were sealed: a version-2 file (before seals) is refused by every
+    reader with what to do; ``experiment seal`` checks it and seals it, changing no number."""
+    path = _edit(store, lambda d: [d.pop("seal"), d.update(version=2)])
+    assert "a version-2 result file" in _refused(capsys, ["experiment", "show", REF])
+    assert main(["experiment", "seal", REF, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["version"] == 2 and report["unsealed_parts"] == ["all (version 2)"] and report["runs"] == 21
+    sealed = json.loads(path.read_text())
+    stored = json.loads((RESULTS / f"{REF}.json").read_text())
+    assert sealed["version"] == 3 and sealed["runs"] == stored["runs"] and sealed["seal"] == stored["seal"]
