@@ -46,6 +46,14 @@ def _print(result: dict, as_json: bool) -> None:
         print(f"{key:<{width}}  {shown}")
 
 
+def _interrupted(err: KeyboardInterrupt) -> str:
+    """What Ctrl-C left: a training run's checkpoint at the step it stopped, and how to go on."""
+    step, out_dir = getattr(err, "step", None), getattr(err, "out_dir", None)
+    if step is None or out_dir is None:
+        return "interrupted"
+    return f"interrupted at step {step}; checkpoint written to {out_dir}: the same command resumes from it"
+
+
 def main(argv=None) -> int:
     """Entry point (``python -m fvlib``, the ``fvlib`` script): parse ``argv`` (default
     ``sys.argv[1:]``), run the subcommand and print its result; returns the exit status."""
@@ -59,8 +67,8 @@ def main(argv=None) -> int:
     except ValueError as err:  # validation inside the library names the bad value
         print(f"fvlib: error: {err}".splitlines()[0], file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("fvlib: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as err:
+        print(f"fvlib: {_interrupted(err)}", file=sys.stderr)
         return 130
     except OSError as err:  # e.g. a full disk while writing a result file: one line naming it
         print(f"fvlib: error: {err}".splitlines()[0], file=sys.stderr)
