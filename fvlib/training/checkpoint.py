@@ -317,8 +317,7 @@ class RunConfigMismatch(RunDirError):
         note = ""
         if any(k == "steps" for k, _, _ in self.differences):
             state = "is finished and " if self.finished else ""
-            note = f"; the run {state}cannot be extended or shortened with other {name_of('steps')} (its " \
-                   f"learning-rate schedule ends at its own)"
+            note = f"; the run {state}cannot be extended: its learning-rate schedule ends at its {name_of('steps')}"
         return f"{self.run_dir} holds a run with another config: {shown}{note} (use another {where}, {start_over})"
 
 

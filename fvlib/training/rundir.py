@@ -149,6 +149,9 @@ def _foreign_file(run_dir: Path) -> str | None:
         if entry.name in RUN_NAMES and not entry.is_file():
             return f"{entry.name}, which is not a file"
     config = run_dir / CONFIG_FILE
+    written = [name for name in (MANIFEST_FILE,) + CHECKPOINT_FILES if (run_dir / name).exists()]
+    if written and not config.exists():
+        return f"{written[0]} but no {CONFIG_FILE} (a run writes its config first)"
     if config.is_file():
         try:
             payload = json.loads(config.read_bytes())
