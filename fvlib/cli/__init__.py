@@ -8,6 +8,10 @@ their cost first (``fvlib.cli.limits``); ``train`` shows its progress. The flags
 that set the run are the fields of :class:`~fvlib.training.config.TrainConfig`, whose own checks judge
 them. JSON output holds ``null`` where a number is not finite, never a bare ``NaN`` or
 ``Infinity``.
+Flags are taken in full and once (:class:`~fvlib.cli.argtypes.OneLineParser`); a ``train`` flag
+typed that would change nothing in the run is refused (:mod:`fvlib.cli.train_flags`). Ctrl-C
+during ``train`` checkpoints the run at its current step and exits 130, saying that the same
+command resumes it.
 
 The modules, in layers from the bottom up; a module imports only from the layers below it
 (``tests/core/test_import_layers.py`` checks this)::
@@ -48,10 +52,9 @@ def _print(result: dict, as_json: bool) -> None:
 
 def _interrupted(err: KeyboardInterrupt) -> str:
     """What Ctrl-C left: a training run's checkpoint at the step it stopped, and how to go on."""
-    step, out_dir = getattr(err, "step", None), getattr(err, "out_dir", None)
-    if step is None or out_dir is None:
-        return "interrupted"
-    return f"interrupted at step {step}; checkpoint written to {out_dir}: the same command resumes from it"
+    if not getattr(err, "saved", False):
+        return str(err) or "interrupted"
+    return f"{err}: the same command resumes from it"
 
 
 def main(argv=None) -> int:

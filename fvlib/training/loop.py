@@ -86,12 +86,13 @@ class TrainingDiverged(ValueError):
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C (SIGINT) stopped training between two steps; a run with a directory wrote its
-    checkpoint at ``step`` first, from which the same call resumes with the same numbers."""
+    """Ctrl-C (SIGINT) stopped training between two steps; runs with a directory wrote their
+    checkpoint at ``step`` first (``saved``), from which the same call resumes with the same
+    numbers. ``where``: the directory, or the directories in words."""
 
-    def __init__(self, out_dir: Path | None, step: int):
-        self.out_dir, self.step = out_dir, step
-        kept = f"checkpoint of step {step} written to {out_dir}" if out_dir is not None else "nothing saved"
+    def __init__(self, where: Path | str | None, step: int):
+        self.where, self.step, self.saved = where, step, where is not None
+        kept = f"checkpoint written to {where}" if where is not None else "nothing saved"
         super().__init__(f"interrupted at step {step}; {kept}")
 
 
@@ -517,7 +518,7 @@ def _train_run(run: TrainingRun, stop: int, progress: bool, callback, on_step=No
                 if stop_now or run.checkpoint_due(stop) or interrupted():
                     run.checkpoint()
                 if interrupted():
-                    raise TrainingInterrupted(run.out_dir, run.step)
+                    raise TrainingInterrupted(run.out_dir, run.step)  # after its checkpoint
                 if stop_now:
                     break
     finally:

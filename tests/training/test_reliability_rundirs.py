@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from safetensors import safe_open
@@ -17,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 import fvlib.files as disk
 from fvlib.cli import main
-from fvlib.training import RunDirError, TrainConfig, load_run, repair_run
+from fvlib.training import RunDirError, TrainConfig, TrainingInterrupted, load_run, repair_run, train_many
 from fvlib.training.rundir import commit
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
@@ -329,3 +330,58 @@ def test_SIG1_ctrl_c_checkpoints_and_the_resumed_run_ends_bit_for_bit(runs, tmp_
     strip = [{k: v for k, v in e.items() if k != "seconds"} for e in resumed]
     assert strip == [{k: v for k, v in e.items() if k != "seconds"} for e in whole]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored after training
+
+
+def ctrl_c_after(calls: int, step):
+    """``step`` wrapped to send this process a real SIGINT after its ``calls``-th call."""
+    done = []
+
+    def wrapped(*args, **kwargs):
+        result = step(*args, **kwargs)
+        done.append(1)
+        if len(done) == calls:
+            os.kill(os.getpid(), signal.SIGINT)
+        return result
+
+    return wrapped
+
+
+def test_SIG1_train_many_checkpoints_every_run_on_ctrl_c(tmp_path, monkeypatch):
+    """``experiment run`` trains with train_many: Ctrl-C checkpoints each of its runs at the step
+    reached, and calling it again ends where an uninterrupted call ends, bit for bit."""
+    import fvlib.training.batched as batched
+
+    configs = [TrainConfig(depth=2, n_ctx=8, budget=2, steps=12, batch=8, width=8, eval_every=5, seed=seed,
+                           device="cpu") for seed in (0, 1)]
+    whole = train_many(configs, [tmp_path / "w0", tmp_path / "w1"], progress=False)
+    dirs = [tmp_path / "i0", tmp_path / "i1"]
+    monkeypatch.setattr(batched._Stack, "train_step", ctrl_c_after(5, batched._Stack.train_step))
+    with pytest.raises(TrainingInterrupted, match="interrupted at step 5; checkpoint written to each of its 2 run"):
+        train_many(configs, dirs, progress=False)
+    assert [json.loads((d / "manifest.json").read_text())["step"] for d in dirs] == [5, 5]
+    monkeypatch.undo()
+    resumed = train_many(configs, dirs, progress=False)
+    assert [r.final_loss for r in resumed] == [r.final_loss for r in whole]
+    for a, b in zip(resumed, whole):
+        assert all((p == q).all() for p, q in zip(a.model.parameters(), b.model.parameters()))
+
+
+def test_SIG1_a_real_ctrl_c_to_the_command_checkpoints_and_says_it_resumes(tmp_path):
+    """The command in its own process, sent SIGINT once its first checkpoint is written: exit 130,
+    one line naming the step, whose checkpoint the directory holds (that a resumed run ends bit for
+    bit where an uninterrupted one ends is the in-process test above)."""
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "fvlib", *[str(a) for a in train_argv(out, "--steps", "1000000")]]
+    child = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / "manifest.json").exists() and time.monotonic() < deadline and child.poll() is None:
+            time.sleep(0.05)
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    step = json.loads((out / "manifest.json").read_text())["step"]
+    assert child.returncode == 130 and err.strip().splitlines() == [
+        f"fvlib: interrupted at step {step}; checkpoint written to {out}: the same command resumes from it"], err
+    assert step >= 500 and load_run(out)[2][-1]["step"] <= step
