@@ -252,8 +252,11 @@ def load_run(run_dir: str | os.PathLike) -> tuple[FVTransformer, TrainConfig, li
     Raises:
         RunDirError: (a ``ValueError``) missing directory or files, a file that does not match
             the checkpoint's manifest (corrupt or edited), corrupt JSON or safetensors,
-            non-finite weights, weights that do not fit ``config.json``, or files from
-            different checkpoints; the message names the path.
+            non-finite weights, weights that do not fit ``config.json``, a history that is not
+            a list of evaluations, a config or manifest of an unknown format or version, or files
+            from different checkpoints; the message names the path.
+            :class:`~fvlib.training.rundir.UnverifiedRunError` for a run without manifest (until
+            :func:`fvlib.training.repair_run`).
     """
     run_dir = _existing_run_dir(run_dir)
     stored = read_stored(run_dir)
