@@ -26,6 +26,7 @@ from .rundir import (
     RunDirError,
     RunLock,
     commit,
+    has_checkpoint,
     read_files,
 )
 
@@ -41,7 +42,7 @@ def repair_run(run_dir: str | os.PathLike, config: TrainConfig | None = None,
     for); the weights, training state and history parse and are from one step; the weights are
     finite and of the config's shapes; Adam's moments have the parameters' shapes; the history
     is well formed and its learning rates are the config's schedule. A directory that has a
-    manifest is only checked against it.
+    manifest is only checked against it; one without checkpoint files needs no repair.
 
     Raises:
         RunDirError: (a ``ValueError``) a check failed (the message names the file); nothing
@@ -58,6 +59,9 @@ def repair_run(run_dir: str | os.PathLike, config: TrainConfig | None = None,
         if (run_dir / MANIFEST_FILE).is_file():
             read_stored(run_dir, with_state=True)
             ok(f"{MANIFEST_FILE} present: every file matches it, nothing to repair")
+            return passed
+        if not has_checkpoint(run_dir):
+            ok("no checkpoint files: nothing to repair")
             return passed
         _check_files(run_dir, config, ok)
         step = read_stored(run_dir, unverified=True).step

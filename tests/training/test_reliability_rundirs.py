@@ -187,6 +187,7 @@ def test_repair_checks_a_legacy_run_writes_its_manifest_and_goes_on(run, capsys)
     assert status == 0 and json.loads(out)["steps"] == 20, err
     assert err[-1] == "fvlib: repair: wrote manifest.json (checkpoint of step 20)" and len(err) == 7, err
     assert repair_run(run) == ["manifest.json present: every file matches it, nothing to repair"]
+    assert repair_run(run.parent / "new") == ["no checkpoint files: nothing to repair"]
 
 
 # ---------------------------------------------------------------------------------------------
