@@ -92,6 +92,8 @@ def train(args) -> dict:
     except RunConfigMismatch as err:
         worded = err.worded(flag_for, where="--out", start_over="or delete it to train it again")
         raise CliError(f"--out {worded}") from None
+    except RunDirError as err:  # a checkpoint that cannot be read or written, named
+        raise CliError(f"--out: {err}") from None
     return {
         "final_loss": result.final_loss,
         "seconds": result.seconds,

@@ -174,7 +174,7 @@ def legacy_with(run, other, name):
 def test_L_a_legacy_run_with_another_runs_file_is_refused_then_fails_its_repair(runs, run, capsys, case, name,
                                                                                  words):
     legacy_with(run, runs[1], name)
-    refused(train_argv(run), capsys, "--repair", "no manifest.json")
+    refused(train_argv(run), capsys, "--out: ", "--repair", "no manifest.json")
     status, out, err = run_cli(train_argv(run, "--repair"), capsys)
     assert status == 2 and out == "" and err[0].startswith("fvlib: repair: config.json: an fvlib run config"), err
     assert err[-1].startswith("fvlib: error: ") and all(word in err[-1] for word in words), err
