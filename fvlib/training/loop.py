@@ -95,6 +95,9 @@ class TrainingInterrupted(KeyboardInterrupt):
         kept = f"checkpoint written to {where}" if where is not None else "nothing saved"
         super().__init__(f"interrupted at step {step}; {kept}")
 
+    def __reduce__(self):  # pickled whole (a worker process's interruption reaches its parent)
+        return type(self), (self.where, self.step)
+
 
 @contextmanager
 def interrupt_between_steps() -> Iterator[Callable[[], bool]]:

@@ -6,6 +6,7 @@ import fcntl
 import json
 import math
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -331,6 +332,8 @@ def test_SIG1_ctrl_c_checkpoints_and_the_resumed_run_ends_bit_for_bit(runs, tmp_
     strip = [{k: v for k, v in e.items() if k != "seconds"} for e in resumed]
     assert strip == [{k: v for k, v in e.items() if k != "seconds"} for e in whole]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored after training
+    copy = pickle.loads(pickle.dumps(TrainingInterrupted(out_dir, 7)))  # as from a worker process
+    assert (str(copy), copy.step, copy.saved) == (f"interrupted at step 7; checkpoint written to {out_dir}", 7, True)
 
 
 def ctrl_c_after(calls: int, step):
