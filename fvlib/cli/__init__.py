@@ -8,6 +8,10 @@ their cost first (``fvlib.cli.limits``); ``train`` shows its progress. The flags
 that set the run are the fields of :class:`~fvlib.training.config.TrainConfig`, whose own checks judge
 them. JSON output holds ``null`` where a number is not finite, never a bare ``NaN`` or
 ``Infinity``.
+Flags are taken in full and once (:class:`~fvlib.cli.argtypes.OneLineParser`); a ``train`` flag
+typed that would change nothing in the run is refused (:mod:`fvlib.cli.train_flags`). Ctrl-C
+during ``train`` checkpoints the run at its current step and exits 130, saying that the same
+command resumes it.
 
 The modules, in layers from the bottom up; a module imports only from the layers below it
 (``tests/core/test_import_layers.py`` checks this)::
@@ -46,6 +50,13 @@ def _print(result: dict, as_json: bool) -> None:
         print(f"{key:<{width}}  {shown}")
 
 
+def _interrupted(err: KeyboardInterrupt) -> str:
+    """What Ctrl-C left: a training run's checkpoint at the step it stopped, and how to go on."""
+    if not getattr(err, "saved", False):
+        return str(err) or "interrupted"
+    return f"{err}: the same command resumes from it"
+
+
 def main(argv=None) -> int:
     """Entry point (``python -m fvlib``, the ``fvlib`` script): parse ``argv`` (default
     ``sys.argv[1:]``), run the subcommand and print its result; returns the exit status."""
@@ -59,8 +70,8 @@ def main(argv=None) -> int:
     except ValueError as err:  # validation inside the library names the bad value
         print(f"fvlib: error: {err}".splitlines()[0], file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("fvlib: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as err:
+        print(f"fvlib: {_interrupted(err)}", file=sys.stderr)
         return 130
     except OSError as err:  # e.g. a full disk while writing a result file: one line naming it
         print(f"fvlib: error: {err}".splitlines()[0], file=sys.stderr)

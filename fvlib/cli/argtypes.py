@@ -1,5 +1,6 @@
-"""The command line's argparse pieces: a parser whose errors are one line (:class:`OneLineParser`)
-and the argument types, which turn a flag's text into a number and name the flag when it is not
+"""The command line's argparse pieces: a parser whose errors are one line (:class:`OneLineParser`),
+that takes no abbreviated flag and no flag twice (:class:`StoreOnce`, :class:`StoreTrueOnce`,
+:class:`BooleanOnce`), and the argument types, which turn a flag's text into a number and name the flag when it is not
 one. The ranged types check with :mod:`fvlib._checks`, for the flags of subcommands that have no
 config of their own to check them (``theory``, ``gap``, ``patch``, ...)."""
 
@@ -10,14 +11,61 @@ import argparse
 from .._checks import check_int, check_number, check_seed
 from .limits import CliError
 
-__all__ = ["OneLineParser", "integer", "number", "positive_int", "seed", "to_float", "to_int"]
+__all__ = ["OneLineParser", "StoreOnce", "StoreTrueOnce", "BooleanOnce",
+           "integer", "number", "positive_int", "seed", "to_float", "to_int"]
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors raise :class:`CliError` (one line, no usage block)."""
+    """An ``ArgumentParser`` whose errors raise :class:`CliError` (one line, no usage block),
+    that takes flags only in full (``--dep`` is not ``--depth``) and each flag once: its plain
+    and ``store_true`` arguments are :class:`StoreOnce` and :class:`StoreTrueOnce`."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self.register("action", None, StoreOnce)
+        self.register("action", "store", StoreOnce)
+        self.register("action", "store_true", StoreTrueOnce)
 
     def error(self, message):
         raise CliError(message)
+
+
+def _given_once(action: argparse.Action, namespace, typed: str) -> None:
+    """Refuse a second occurrence of ``action``'s flag (or of its ``--no-`` form) on one command
+    line; ``typed``: the flag and its value as given."""
+    seen = namespace.__dict__.setdefault("_flags_given", {})
+    if action.dest in seen:
+        raise argparse.ArgumentError(action, f"given twice ({seen[action.dest]}, then {typed}); give it once")
+    seen[action.dest] = typed
+
+
+class StoreOnce(argparse.Action):
+    """``store``, refusing the flag given twice."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if option_string is not None:
+            _given_once(self, namespace, f"{option_string} {values}")
+        setattr(namespace, self.dest, values)
+
+
+class StoreTrueOnce(argparse.Action):
+    """``store_true``, refusing the flag given twice."""
+
+    def __init__(self, option_strings, dest, default=False, required=False, help=None):
+        super().__init__(option_strings, dest, nargs=0, const=True, default=default, required=required, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        _given_once(self, namespace, option_string)
+        setattr(namespace, self.dest, True)
+
+
+class BooleanOnce(argparse.BooleanOptionalAction):
+    """``--name``/``--no-name``, refusing either given twice (or both)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        _given_once(self, namespace, option_string)
+        super().__call__(parser, namespace, values, option_string)
 
 
 def to_int(flag: str):

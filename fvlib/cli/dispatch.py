@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 from .. import experiments
 from ..experiments import beside_theory, inbuild
 from ..experiments import reproduce as headline
 from ..families import get_family
 from ..priors import get_prior_kind
-from .limits import CliError, check_theory_args, check_train_memory, check_writable_dir
+from .limits import CliError, check_theory_args, check_train_memory, check_writable_dir, flag_for
 from .train_flags import train_config
 
 __all__ = [
@@ -72,13 +73,28 @@ def theory(args) -> dict:
 
 def train(args) -> dict:
     """Train the run the flags describe (:func:`fvlib.cli.train_flags.train_config`) into ``--out``,
-    once it is known to fit in memory and ``--out`` to be writable."""
+    once it is known to fit in memory and ``--out`` to be writable and a run directory (or
+    empty); ``--repair`` first checks a run without manifest and writes one
+    (:func:`fvlib.training.repair_run`), saying each check on stderr."""
+    from ..training import RunConfigMismatch, RunDirError, check_run_dir, repair_run
     from ..training import train as train_run
 
     config = train_config(args)
     check_train_memory(config)
+    try:
+        check_run_dir(args.out)
+    except RunDirError as err:
+        raise CliError(f"--out: {err}") from None
     check_writable_dir("--out", args.out)
-    result = train_run(config, out_dir=args.out, progress=not args.no_progress)
+    try:
+        if args.repair:
+            repair_run(args.out, config, report=lambda line: print(f"fvlib: repair: {line}", file=sys.stderr))
+        result = train_run(config, out_dir=args.out, progress=not args.no_progress)
+    except RunConfigMismatch as err:
+        worded = err.worded(flag_for, where="--out", start_over="or delete it to train it again")
+        raise CliError(f"--out {worded}") from None
+    except RunDirError as err:  # a checkpoint that cannot be read or written, named
+        raise CliError(f"--out: {err}") from None
     return {
         "final_loss": result.final_loss,
         "seconds": result.seconds,

@@ -79,7 +79,11 @@ def _add_train_parser(sub) -> None:
     train.add_argument("--no-curriculum", action="store_true",
                        help="tree prior: train at --alpha from the first step (no curriculum)")
     train.add_argument("--json", action="store_true", help=_JSON_HELP)
-    train.add_argument("--out", required=True, help="run directory (resumed if it holds a checkpoint)")
+    train.add_argument("--out", required=True, help="run directory (resumed if it holds a checkpoint); a "
+                                                    "directory holding other files is refused")
+    train.add_argument("--repair", action="store_true",
+                       help="a run directory without manifest.json (written before manifests, or its manifest "
+                            "lost): check its files against the flags, write the manifest, then go on")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     train.set_defaults(handler=dispatch.train)
 

@@ -21,7 +21,7 @@ import typing
 from dataclasses import Field, fields
 
 from ..training import IMITATION_RECIPE, TrainConfig, recipe_for
-from .argtypes import to_float, to_int
+from .argtypes import BooleanOnce, to_float, to_int
 from .limits import CliError, flag_for
 
 __all__ = ["add_config_flags", "config_fields", "config_help", "field_choices", "train_config"]
@@ -62,7 +62,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         common = {"default": None, "help": field.metadata["help"],
                   "required": field.metadata.get("required", False)}
         if kind is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, **common)
+            parser.add_argument(flag, action=BooleanOnce, **common)
         elif kind in _CONVERTERS:
             parser.add_argument(flag, type=_CONVERTERS[kind](flag), choices=field_choices(field), **common)
         else:
@@ -79,9 +79,30 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
     settings = given
     try:
         settings = _settings(args, given)
-        return TrainConfig(**settings)
+        config = TrainConfig(**settings)
     except ValueError as err:
         raise CliError(_named_by_flag(str(err), settings)) from None
+    _check_flags_that_act(args, given, config)
+    return config
+
+
+def _check_flags_that_act(args: argparse.Namespace, given: dict, config: TrainConfig) -> None:
+    """Refuse a flag typed on the command line that would change nothing in ``config``'s run:
+    the warm-start flags of a run that does not warm-start its router, ``--queries`` under
+    the expected loss (which draws no query tokens)."""
+    if "router_warm_start" in given and not config.warm_starts and given["router_warm_start"] > 0:
+        raise CliError(f"--router-warm-start does nothing here: only model A on the tree prior warm-starts "
+                       f"its router, this run is model {config.model} (--arch {config.arch}) on the "
+                       f"{config.prior} prior")
+    if args.imitation and not config.warm_starts:
+        raise CliError(f"--imitation with --router-warm-start {config.router_warm_start} leaves no imitation "
+                       f"(drop --imitation, or give --router-warm-start > 0)")
+    if "router_lr_scale" in given and not config.warm_starts:
+        raise CliError("--router-lr-scale does nothing without a warm start (it scales the learning rate of a "
+                       "warm-started router: --imitation or --router-warm-start > 0)")
+    if "queries" in given and config.expected_loss:
+        raise CliError(f"--queries {given['queries']} does nothing under the expected loss, which draws no "
+                       f"query tokens (the default for constrained models; --no-expected-loss samples them)")
 
 
 def _settings(args: argparse.Namespace, given: dict) -> dict:

@@ -11,7 +11,8 @@ The modules, in layers from the bottom up; a module imports only from the layers
     evaluate            the per-context error, evaluation sets, a model's evaluation on them
     checkpoint          what a checkpoint holds, written, read and resumed; load_run
     warm_start          the router of model A fitted to the greedy policy (the imitation start)
-    loop                one training step and the loop of one run: train
+    loop                one training step and the loop of one run: train; Ctrl-C checkpoints
+    repair              the repair of a run directory without manifest: repair_run
     batched             many runs in one loop (stacked parameters, vmap): train_many
 
 Everything a chapter or a user calls is importable from here: ``fvlib.training.train``,
@@ -19,7 +20,7 @@ Everything a chapter or a user calls is importable from here: ``fvlib.training.t
 """
 
 from .batched import train_many
-from .checkpoint import checkpoint_step, load_history, load_run
+from .checkpoint import RunConfigMismatch, checkpoint_step, load_history, load_run
 from .config import (
     ADDED_FIELDS,
     CURRICULUM_SHARE,
@@ -49,6 +50,7 @@ from .config import (
 from .evaluate import evaluate, per_context_losses
 from .loop import (
     TrainingDiverged,
+    TrainingInterrupted,
     TrainResult,
     expected_query_loss,
     parameter_groups,
@@ -59,7 +61,8 @@ from .loop import (
     train,
     training_step,
 )
-from .rundir import RunDirError
+from .repair import repair_run
+from .rundir import RunDirError, UnverifiedRunError, check_run_dir
 
 __all__ = [
     "ADDED_FIELDS", "CURRICULUM_SHARE", "EVAL_SEED_OFFSET", "IMITATION_RECIPE", "INPUT_PATHS", "LEARNING_RECIPE",
@@ -69,5 +72,6 @@ __all__ = [
     "evaluate", "per_context_losses",
     "checkpoint_step", "load_history", "load_run", "TrainingDiverged", "TrainResult", "expected_query_loss",
     "parameter_groups", "query_loss", "sample_queries", "sample_training_batch", "set_learning_rate", "train",
-    "training_step", "train_many", "RunDirError",
+    "training_step", "train_many", "RunDirError", "TrainingInterrupted", "repair_run", "RunConfigMismatch",
+    "UnverifiedRunError", "check_run_dir",
 ]

@@ -59,10 +59,12 @@ from ..models import FVTransformer
 from .config import TrainConfig, lr_at, resolve_device, training_prior
 from .evaluate import eval_set_key, eval_summary, theta_losses
 from .loop import (
+    TrainingInterrupted,
     TrainingRun,
     TrainResult,
     batch_inputs,
     expected_query_loss,
+    interrupt_between_steps,
     progress_shown,
     query_loss,
     readers,
@@ -383,12 +385,32 @@ def _train_runs(runs: list[TrainingRun], stops: list[int], progress: bool) -> No
     bar = tqdm(total=total, disable=not progress_shown(progress), leave=False, desc=f"{len(runs)} models")
     active = stacks
     try:
-        while active:
-            for stream in {id(s): s for stack in active for s in stack.streams}.values():
-                stream.draw()
-            for stack in active:
-                _after_step(stack, stack.train_step())
-                bar.update(len(stack.runs))
-            active = [stack for stack in active if stack.step < stack.stop]
+        with interrupt_between_steps() as interrupted:
+            while active:
+                for stream in {id(s): s for stack in active for s in stack.streams}.values():
+                    stream.draw()
+                for stack in active:
+                    _after_step(stack, stack.train_step())
+                    bar.update(len(stack.runs))
+                active = [stack for stack in active if stack.step < stack.stop]
+                if interrupted() and active:
+                    _checkpoint_and_stop(active)
     finally:
         bar.close()
+
+
+def _checkpoint_and_stop(active: list[_Stack]) -> None:
+    """Ctrl-C: checkpoint every run of the ``active`` stacks at its current step, then raise
+    :class:`~fvlib.training.loop.TrainingInterrupted`."""
+    saved = []
+    for stack in active:
+        for i, run in enumerate(stack.runs):
+            if run.out_dir is None:
+                continue
+            if run.saved_step != run.step:
+                stack.sync(i)
+                run.checkpoint()
+            saved.append(run.out_dir)
+    steps = sorted({stack.step for stack in active})
+    where = (saved[0] if len(saved) == 1 else f"each of its {len(saved)} run directories") if saved else None
+    raise TrainingInterrupted(where, steps[0] if len(steps) == 1 else f"{steps[0]} to {steps[-1]}")

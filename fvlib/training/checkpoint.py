@@ -7,8 +7,9 @@ Nothing is ever unpickled: tensors go through safetensors, scalars through JSON.
 from __future__ import annotations
 
 import json
+import math
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -20,13 +21,17 @@ from ..transformer import TransformerConfig
 from .config import RESUMABLE_FIELDS, TrainConfig, model_from_config
 from .rundir import (
     CONFIG_FILE,
+    FORMAT_VERSION,
     HISTORY_FILE,
     MANIFEST_FILE,
     MODEL_FILE,
+    RUN_FORMAT,
     STATE_FILE,
     RunDirError,
+    check_format,
     commit,
     has_checkpoint,
+    is_run_config,
     read_files,
     tensors_from_bytes,
     tensors_to_bytes,
@@ -43,8 +48,18 @@ __all__ = [
     "load_history",
     "checkpoint_step",
     "same_run",
+    "load_optimizer_tensors",
+    "stored_config",
+    "RunConfigMismatch",
+    "config_differences",
+    "check_same_run",
     "try_resume",
+    "HISTORY_KEYS",
 ]
+
+#: The keys of every evaluation in ``history.json`` (:attr:`fvlib.training.loop.TrainResult.history`);
+#: each a finite number, ``step`` an integer, ``train_loss`` ``None`` at step 0.
+HISTORY_KEYS = ("step", "lr", "train_loss", "eval_excess_loss", "eval_stderr", "eval_query_loss", "seconds")
 
 def _json_from_bytes(data: bytes, path: Path):
     try:
@@ -56,8 +71,8 @@ def _json_from_bytes(data: bytes, path: Path):
 def write_config(out_dir: Path, config: TrainConfig, model: FVTransformer) -> None:
     """Write the run's ``config.json`` (its train and model configs), once, when the run starts."""
     payload = {
-        "format": "fvlib-run",
-        "version": 1,
+        "format": RUN_FORMAT,
+        "version": FORMAT_VERSION,
         "train": config.to_dict(),
         "model": model.config.to_dict(),
     }
@@ -67,6 +82,9 @@ def write_config(out_dir: Path, config: TrainConfig, model: FVTransformer) -> No
 def _parse_config(data: bytes, path: Path) -> tuple[TrainConfig, ModelConfig | TransformerConfig]:
     """The train and model configs of a ``config.json``; they must describe the same model."""
     payload = _json_from_bytes(data, path)
+    if not is_run_config(payload):
+        raise RunDirError(f"{path} is not an fvlib run config (no format 'fvlib-run', no train and model sections)")
+    check_format(payload, RUN_FORMAT, path)
     try:
         config = TrainConfig.from_dict(payload["train"])
         model_config = get_family(config.arch).config_class.from_dict(payload["model"])
@@ -85,8 +103,30 @@ def _parse_history(data: bytes, path: Path) -> tuple[int, list[dict]]:
         or not isinstance(payload.get("history"), list)
         or not is_int(payload.get("step"))
     ):
-        raise RunDirError(f"invalid history in {path}")
+        raise RunDirError(f"invalid history in {path}: not an object with a step and a list 'history'")
+    for index, entry in enumerate(payload["history"]):
+        fault = _bad_history_entry(entry, payload["step"])
+        if fault:
+            raise RunDirError(f"invalid history in {path}: entry {index} {fault}")
     return payload["step"], payload["history"]
+
+
+def _bad_history_entry(entry, last_step: int) -> str | None:
+    """What is wrong with one evaluation of a history ending at ``last_step``, or ``None``."""
+    if not isinstance(entry, dict):
+        return f"is {entry!r}, not an evaluation (a mapping of {', '.join(HISTORY_KEYS)})"
+    missing = [key for key in HISTORY_KEYS if key not in entry]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    if not is_int(entry["step"]) or not 0 <= entry["step"] <= last_step:
+        return f"has step {entry['step']!r}, not a step in [0, {last_step}]"
+    for key in HISTORY_KEYS[1:]:
+        value = entry[key]
+        if value is None and key == "train_loss":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return f"has {key} {value!r}, not a finite number"
+    return None
 
 
 def _checkpoint_step(metadata: dict, path: Path) -> int:
@@ -118,13 +158,14 @@ class StoredRun:
     state: tuple[dict, dict] | None  # (tensors, metadata) of train_state.safetensors
 
 
-def read_stored(run_dir: Path, with_state: bool = False) -> StoredRun:
+def read_stored(run_dir: Path, with_state: bool = False, unverified: bool = False) -> StoredRun:
     """Read and check the checkpoint of ``run_dir``: config, weights, history (and training
-    state). Every file is checked against the manifest (:mod:`fvlib.training.rundir`); a legacy run
-    (no manifest) is checked for what it can be: its files agree on the step, its weights are
-    finite. Raises :class:`~fvlib.training.rundir.RunDirError` naming the file at fault."""
+    state). Every file is checked against the manifest (:mod:`fvlib.training.rundir`), and all
+    for what can be checked: the files agree on the step, the weights are finite, the history
+    is well formed. ``unverified``: read a run without manifest (its repair). Raises
+    :class:`~fvlib.training.rundir.RunDirError` naming the file at fault."""
     names = [CONFIG_FILE, MODEL_FILE, HISTORY_FILE] + ([STATE_FILE] if with_state else [])
-    files = read_files(run_dir, names)
+    files = read_files(run_dir, names, unverified=unverified)
     config, model_config = _parse_config(files.data[CONFIG_FILE], run_dir / CONFIG_FILE)
     weights, _, model_step = _parse_tensors(files.data[MODEL_FILE], run_dir / MODEL_FILE)
     history_step, history = _parse_history(files.data[HISTORY_FILE], run_dir / HISTORY_FILE)
@@ -165,11 +206,21 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> dict:
     return tensors
 
 
-def _load_optimizer_tensors(optimizer: torch.optim.Optimizer, tensors: dict) -> None:
+def load_optimizer_tensors(optimizer: torch.optim.Optimizer, tensors: dict, path: Path) -> None:
+    """Load Adam's state from ``tensors`` (``optimizer.INDEX.KEY``); a moment whose shape is not
+    its parameter's, or an index with no parameter, is a one-line error naming ``path`` and the
+    tensor (before Adam sees it)."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
     state: dict[int, dict] = {}
     for name, value in tensors.items():
         if name.startswith("optimizer."):
             _, index, key = name.split(".", 2)
+            if not index.isdigit() or int(index) >= len(params):
+                raise RunDirError(f"{path} holds {name!r}, for a parameter the model does not have")
+            shape = tuple(params[int(index)].shape)
+            if key != "step" and tuple(value.shape) != shape:
+                raise RunDirError(f"{path} holds {name!r} of shape {tuple(value.shape)}, its parameter has "
+                                  f"shape {shape} (the state of another run?)")
             state.setdefault(int(index), {})[key] = value
     optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
 
@@ -201,8 +252,11 @@ def load_run(run_dir: str | os.PathLike) -> tuple[FVTransformer, TrainConfig, li
     Raises:
         RunDirError: (a ``ValueError``) missing directory or files, a file that does not match
             the checkpoint's manifest (corrupt or edited), corrupt JSON or safetensors,
-            non-finite weights, weights that do not fit ``config.json``, or files from
-            different checkpoints; the message names the path.
+            non-finite weights, weights that do not fit ``config.json``, a history that is not
+            a list of evaluations, a config or manifest of an unknown format or version, or files
+            from different checkpoints; the message names the path.
+            :class:`~fvlib.training.rundir.UnverifiedRunError` for a run without manifest (until
+            :func:`fvlib.training.repair_run`).
     """
     run_dir = _existing_run_dir(run_dir)
     stored = read_stored(run_dir)
@@ -243,6 +297,51 @@ def same_run(a: TrainConfig, b: TrainConfig) -> bool:
     return replace(a, **same) == b
 
 
+def config_differences(stored: TrainConfig, config: TrainConfig) -> list[tuple[str, object, object]]:
+    """``(field, value here, value in the run)`` for each field where ``config`` asks for another
+    run than ``stored`` (as :func:`same_run` judges: resumable and unused fields left out)."""
+    ignored = set(RESUMABLE_FIELDS) | (stored.unused_fields() & config.unused_fields())
+    return [(f.name, getattr(config, f.name), getattr(stored, f.name)) for f in fields(TrainConfig)
+            if f.name not in ignored and getattr(config, f.name) != getattr(stored, f.name)]
+
+
+class RunConfigMismatch(RunDirError):
+    """A run directory holds a run of another config. ``differences``: ``(field, here, in the
+    run)``; :meth:`worded` says it with the caller's names for the fields and the directory."""
+
+    def __init__(self, run_dir: Path, differences: list, finished: bool):
+        self.run_dir, self.differences, self.finished = Path(run_dir), differences, finished
+        super().__init__(self.worded())
+
+    def worded(self, name_of=lambda field: field, where: str = "out_dir",
+               start_over: str = "or resume=False to train over it") -> str:
+        """The one-line message, each field named by ``name_of(field)`` (e.g. its flag)."""
+        shown = "; ".join(f"{name_of(k)} {here} here, {there} in the run" for k, here, there in self.differences)
+        note = ""
+        if any(k == "steps" for k, _, _ in self.differences):
+            state = "is finished and " if self.finished else ""
+            note = f"; the run {state}cannot be extended: its learning-rate schedule ends at its {name_of('steps')}"
+        return f"{self.run_dir} holds a run with another config: {shown}{note} (use another {where}, {start_over})"
+
+
+def check_same_run(run_dir: Path, stored: TrainConfig, config: TrainConfig, stored_step: int | None = None) -> None:
+    """Raise :class:`RunConfigMismatch` when ``config`` is not the run ``stored`` in ``run_dir``
+    (:func:`same_run`); ``stored_step``: the step of its checkpoint, if any."""
+    if not same_run(stored, config):
+        finished = stored_step is not None and stored_step == stored.steps
+        raise RunConfigMismatch(run_dir, config_differences(stored, config) or [("config", config, stored)],
+                                finished)
+
+
+def stored_config(run_dir: Path) -> TrainConfig | None:
+    """The config in ``run_dir``'s ``config.json`` (written when its run starts), or ``None``
+    when there is none or it cannot be read (the checks of the checkpoint then say why)."""
+    try:
+        return _parse_config((Path(run_dir) / CONFIG_FILE).read_bytes(), Path(run_dir) / CONFIG_FILE)[0]
+    except (OSError, RunDirError):
+        return None
+
+
 def try_resume(
     out_dir: Path, config: TrainConfig, model, optimizer, generator
 ) -> tuple[int, list, dict] | None:
@@ -250,15 +349,11 @@ def try_resume(
     if not has_checkpoint(out_dir):
         return None
     stored = read_stored(out_dir, with_state=True)
-    if not same_run(stored.config, config):
-        raise RunDirError(
-            f"{out_dir} holds a run with a different config ({stored.config}); use another directory "
-            f"(or resume=False to train over it)"
-        )
+    check_same_run(out_dir, stored.config, config, stored.step)
     load_weights(model, stored.weights, out_dir / MODEL_FILE)
     tensors, metadata = stored.state
     try:
-        _load_optimizer_tensors(optimizer, tensors)
+        load_optimizer_tensors(optimizer, tensors, out_dir / STATE_FILE)
         generator.set_state(tensors["generator_state"])
         scalars = json.loads(metadata["scalars"])
     except (KeyError, ValueError, RuntimeError) as err:

@@ -305,16 +305,14 @@ class TrainConfig:
             "width",
             "hidden_layers",
             "eval_every",
-            "eval_contexts",
             "checkpoint_every",
         ):
             check_int(name, getattr(self, name), 1)
+        check_int("eval_contexts", self.eval_contexts, 2)  # a standard error needs two contexts
         check_seed("seed", self.seed)
         check_int("router_warm_start", self.router_warm_start, 0)
         check_number("router_lr_scale", self.router_lr_scale, 0, 1, low_open=True)
-        check_number("warmup", self.warmup, 0, 1)
-        if self.warmup == 1:
-            raise ValueError(f"warmup must be a fraction in [0, 1), got {self.warmup!r}")
+        self._check_warmup()
         if self.data_seed is not None:
             check_seed("data_seed", self.data_seed)
         check_number("lr", self.lr, 0, low_open=True)
@@ -334,6 +332,15 @@ class TrainConfig:
         check_task_args(self.n_ctx, self.noise_std)
         make_prior(self.prior, self.depth, self.alpha)  # validates depth and alpha
         check_budget("budget", self.budget, self.depth)
+
+    def _check_warmup(self) -> None:
+        """``warmup`` is a fraction in ``[0, 1)`` (a warm-up of every step leaves no decay)."""
+        try:
+            fraction = check_number("warmup", self.warmup, 0, 1) < 1
+        except ValueError:
+            fraction = False
+        if not fraction:
+            raise ValueError(f"warmup must be a fraction in [0, 1), got {self.warmup!r}")
 
     def _resolve_inputs(self) -> None:
         """Refuse an unknown path, or one the architecture cannot take; the architecture's own path

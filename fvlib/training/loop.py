@@ -29,8 +29,11 @@ from __future__ import annotations
 
 import math
 import os
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +45,7 @@ from ..families import DEFAULT_FAMILY
 from ..models import FVTransformer
 from ..priors import Prior
 from ..task import StatisticBatch, TaskBatch, make_generator, sample_statistic_task, sample_task
-from .checkpoint import save_checkpoint, try_resume, write_config
+from .checkpoint import check_same_run, checkpoint_step, save_checkpoint, stored_config, try_resume, write_config
 from .config import (
     EVAL_SEED_OFFSET,
     WARM_START_LR,
@@ -55,11 +58,13 @@ from .config import (
     training_prior,
 )
 from .evaluate import evaluate_batches, sample_eval_batches
-from .rundir import MODEL_FILE, RunLock, recover, start_over
+from .rundir import MODEL_FILE, RunDirError, RunLock, check_run_dir, recover, start_over
 from .warm_start import is_router_parameter, warm_start_router
 
 __all__ = [
     "TrainingDiverged",
+    "TrainingInterrupted",
+    "interrupt_between_steps",
     "TrainResult",
     "sample_queries",
     "query_loss",
@@ -78,6 +83,44 @@ __all__ = [
 class TrainingDiverged(ValueError):
     """Training met a non-finite loss or non-finite weights (typically: the learning rate is
     too large); the run directory keeps its last checkpoint, written before that step."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) stopped training between two steps; runs with a directory wrote their
+    checkpoint at ``step`` first (``saved``), from which the same call resumes with the same
+    numbers. ``where``: the directory, or the directories in words."""
+
+    def __init__(self, where: Path | str | None, step: int):
+        self.where, self.step, self.saved = where, step, where is not None
+        kept = f"checkpoint written to {where}" if where is not None else "nothing saved"
+        super().__init__(f"interrupted at step {step}; {kept}")
+
+    def __reduce__(self):  # pickled whole (a worker process's interruption reaches its parent)
+        return type(self), (self.where, self.step)
+
+
+@contextmanager
+def interrupt_between_steps() -> Iterator[Callable[[], bool]]:
+    """Within the block, a first SIGINT only sets a flag, read with the function it yields
+    (``True`` once Ctrl-C was pressed), so that the loop can stop between steps and checkpoint; a
+    second one interrupts at once (a checkpoint being written stays atomic). Outside the main
+    thread, or where SIGINT has another handler, nothing changes."""
+    pressed = []
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield lambda: False
+        return
+
+    def handler(signum, frame):
+        if pressed:
+            raise KeyboardInterrupt
+        pressed.append(signum)
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield lambda: bool(pressed)
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @dataclass
@@ -228,12 +271,27 @@ class TrainingRun:
         :func:`~fvlib.training.evaluate.eval_set_key`). A run with ``out_dir`` holds its
         directory's lock until :meth:`close`."""
         self.config, self.out_dir = config, out_dir
+        if out_dir is not None:
+            self._check_run_dir(resume)
         self.lock = RunLock(out_dir).acquire() if out_dir is not None else None  # before any work
         try:
             self._start(resume, eval_batches)
         except BaseException:
             self.close()
             raise
+
+    def _check_run_dir(self, resume: bool) -> None:
+        """Before the lock (which may wait on another process): ``out_dir`` holds nothing but a
+        run's files, and, to be resumed, a run of this config (its ``config.json`` is written when
+        the run starts)."""
+        check_run_dir(self.out_dir)
+        stored = stored_config(self.out_dir) if resume else None
+        if stored is not None:
+            try:
+                step = checkpoint_step(self.out_dir)
+            except RunDirError:  # no checkpoint yet, or one that reading it will name
+                step = None
+            check_same_run(self.out_dir, stored, self.config, step)
 
     def _start(self, resume: bool, eval_batches) -> None:
         config = self.config
@@ -449,19 +507,22 @@ def _train_run(run: TrainingRun, stop: int, progress: bool, callback, on_step=No
     bar = tqdm(total=config.steps, initial=run.step, disable=not progress_shown(progress),
                desc=f"model {config.model}{arch_note}", leave=False)
     try:
-        while run.step < stop:
-            run.train_step()
-            bar.update(1)
-            stop_now = False
-            if run.eval_due():
-                entry = run.record_eval()
-                bar.set_postfix(excess=f"{entry['eval_excess_loss']:.4f}")
-                stop_now = bool(callback(entry)) if callback is not None else False
-            if not stop_now and on_step is not None:
-                stop_now = bool(on_step(run.step, run.model))
-            if stop_now or run.checkpoint_due(stop):
-                run.checkpoint()
-            if stop_now:
-                break
+        with interrupt_between_steps() as interrupted:
+            while run.step < stop:
+                run.train_step()
+                bar.update(1)
+                stop_now = False
+                if run.eval_due():
+                    entry = run.record_eval()
+                    bar.set_postfix(excess=f"{entry['eval_excess_loss']:.4f}")
+                    stop_now = bool(callback(entry)) if callback is not None else False
+                if not stop_now and on_step is not None:
+                    stop_now = bool(on_step(run.step, run.model))
+                if stop_now or run.checkpoint_due(stop) or interrupted():
+                    run.checkpoint()
+                if interrupted():
+                    raise TrainingInterrupted(run.out_dir, run.step)  # after its checkpoint
+                if stop_now:
+                    break
     finally:
         bar.close()

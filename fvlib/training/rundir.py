@@ -22,9 +22,16 @@ After step 2 a file not yet renamed is read from ``NAME.next``, and the next wri
 the renames (:func:`recover`) before it writes anything. Reading (:func:`read_files`) checks
 every file against the manifest and names the first that differs, is missing or is cut short.
 
-**Legacy runs.** Directories written before the manifest existed have none: their files are
-read as they are (the caller checks what it can: the files agree on the step, the weights are
-finite and fit the config) and the first checkpoint written into them adds a manifest.
+**What a run directory is.** ``config.json`` is fvlib's (format ``fvlib-run``, or a config
+written before the marker with its ``train`` and ``model`` sections) and every other file is one a
+run writes (the files above, their staged ``NAME.next`` and temporary ``NAME.tmp``).
+:func:`check_run_dir` refuses any other directory that holds files, so that training never
+overwrites a user's own files; an empty or new directory is a fresh run.
+
+**Runs without a manifest.** Directories written before the manifest existed (or whose manifest
+was deleted) cannot be checked file by file: every reader refuses them
+(:class:`UnverifiedRunError`) until :func:`fvlib.training.checkpoint.repair_run` (``train ...
+--repair``) has checked what can be checked and written the manifest.
 
 **Lock.** :class:`RunLock` takes an exclusive lock (:class:`~fvlib.files.ExclusiveLock`, an
 OS-level ``flock`` that a dying process releases) on ``run.lock`` while a run is trained. A
@@ -40,6 +47,7 @@ Nothing is unpickled: tensors go through safetensors, the rest through JSON.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -59,6 +67,13 @@ __all__ = [
     "LOCK_FILE",
     "RunDirError",
     "CheckpointWriteError",
+    "UnverifiedRunError",
+    "RUN_FORMAT",
+    "CHECKPOINT_FORMAT",
+    "FORMAT_VERSION",
+    "check_format",
+    "is_run_config",
+    "check_run_dir",
     "check_writable_dir",
     "RunLock",
     "write_atomic",
@@ -82,6 +97,14 @@ LOCK_FILE = "run.lock"
 STAGED = ".next"
 #: The files a checkpoint replaces (``config.json`` is written once, when the run starts).
 CHECKPOINT_FILES = (STATE_FILE, MODEL_FILE, HISTORY_FILE)
+#: The formats of ``config.json`` and ``manifest.json`` and the one version this code reads.
+RUN_FORMAT, CHECKPOINT_FORMAT, FORMAT_VERSION = "fvlib-run", "fvlib-checkpoint", 1
+#: Every name a run writes in its directory (besides the probe of :func:`check_writable_dir`).
+RUN_NAMES = frozenset(
+    [CONFIG_FILE, MODEL_FILE, STATE_FILE, HISTORY_FILE, MANIFEST_FILE, LOCK_FILE]
+    + [name + suffix for name in CHECKPOINT_FILES + (CONFIG_FILE, MANIFEST_FILE) for suffix in (STAGED, ".tmp")]
+)
+WRITE_PROBE = ".fvlib-write-check-"
 
 
 class RunDirError(ValueError):
@@ -91,6 +114,99 @@ class RunDirError(ValueError):
 class CheckpointWriteError(RunDirError):
     """A checkpoint could not be written (full disk, read-only file system, ...); the run
     directory still holds its previous checkpoint."""
+
+
+class UnverifiedRunError(RunDirError):
+    """A run directory holds checkpoint files but no manifest to check them against; ``train
+    ... --repair`` (:func:`fvlib.training.checkpoint.repair_run`) checks them and writes one."""
+
+
+def check_format(payload: dict, expected: str, path: Path) -> None:
+    """Refuse a ``config.json`` or ``manifest.json`` of another format or of a version this code
+    does not read (a file written by a later fvlib), naming the file and the version."""
+    form, version = payload.get("format", expected), payload.get("version", FORMAT_VERSION)
+    if form != expected or version != FORMAT_VERSION:
+        raise RunDirError(f"{path} is format {form!r} version {version!r}; this fvlib reads {expected!r} "
+                          f"version {FORMAT_VERSION}")
+
+
+def is_run_config(payload) -> bool:
+    """Whether a parsed ``config.json`` is fvlib's: format ``fvlib-run`` (any version), or,
+    written before the marker, a mapping with exactly its ``train`` and ``model`` sections."""
+    if not isinstance(payload, dict):
+        return False
+    if "format" in payload:
+        return payload["format"] == RUN_FORMAT
+    return set(payload) == {"train", "model"} and all(isinstance(payload[k], dict) for k in ("train", "model"))
+
+
+def _foreign_file(run_dir: Path) -> str | None:
+    """The first entry of ``run_dir`` (sorted) that no run writes, or a ``config.json`` that is
+    not fvlib's, and why; ``None`` when the directory is (or may become) a run directory."""
+    for entry in sorted(run_dir.iterdir()):
+        if entry.name not in RUN_NAMES and not entry.name.startswith(WRITE_PROBE):
+            return f"{entry.name}, a file no run writes"
+        if entry.name in RUN_NAMES and not entry.is_file():
+            return f"{entry.name}, which is not a file"
+    config = run_dir / CONFIG_FILE
+    written = [name for name in (MANIFEST_FILE,) + CHECKPOINT_FILES if (run_dir / name).exists()]
+    if written and not config.exists():
+        return f"{written[0]} but no {CONFIG_FILE} (a run writes its config first)"
+    if config.is_file():
+        try:
+            payload = json.loads(config.read_bytes())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            payload = None
+        if not is_run_config(payload):
+            return f"{CONFIG_FILE}, which is not an fvlib run config"
+    return None
+
+
+def check_run_dir(path) -> Path:
+    """Check that ``path`` can be trained into without touching anything that is not a run's:
+    a new or empty directory, or an fvlib run directory (module docs); returns it as a
+    ``pathlib.Path``.
+
+    Raises:
+        RunDirError: an empty path, a name too long for the file system, a symlink loop, a
+            file, or a directory holding a file no run writes (named, with the directory).
+    """
+    path = _checked_path(path)
+    if path.is_dir():
+        foreign = _foreign_file(path)
+        if foreign is not None:
+            raise RunDirError(f"{path} is not an fvlib run directory: it holds {foreign}; nothing was "
+                              f"touched (train into a new or empty directory)")
+    return path
+
+
+def _checked_path(path) -> Path:
+    """``path`` as a ``Path``, refusing an empty one, one the file system cannot name and a
+    symlink loop, each in words (no errno text)."""
+    if str(path) == "":
+        raise RunDirError("an empty path names no directory (it would be the current one)")
+    path = Path(path)
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        if path.is_symlink():
+            raise RunDirError(f"{path} is a symbolic link to {os.readlink(path)}, which does not exist") from None
+    except NotADirectoryError:
+        pass
+    except OSError as err:
+        if err.errno == errno.ENAMETOOLONG:
+            longest = max(len(part) for part in path.parts)
+            raise RunDirError(f"{_short(path)} is too long a path for the file system (a name of "
+                              f"{longest} characters, {len(str(path))} in all)") from None
+        if err.errno == errno.ELOOP:
+            raise RunDirError(f"{path} is a loop of symbolic links") from None
+        raise RunDirError(f"{path} cannot be used ({err.strerror or err})") from None
+    return path
+
+
+def _short(path: Path) -> str:
+    text = str(path)
+    return text if len(text) <= 60 else text[:40] + "..." + text[-12:]
 
 
 # ----------------------------------------------------------------------------------------
@@ -128,7 +244,7 @@ def check_writable_dir(path) -> Path:
         RunDirError: ``path`` is a file, lies under a file, or is not writable (permissions,
             read-only file system); the message names the path and the reason.
     """
-    path = Path(path)
+    path = _checked_path(path)
     if path.exists() and not path.is_dir():
         raise RunDirError(f"{path} is a file, not a directory")
     for parent in path.parents:
@@ -142,6 +258,8 @@ def check_writable_dir(path) -> Path:
         os.close(fd)
         os.unlink(probe)
     except OSError as err:
+        if err.errno == errno.ENAMETOOLONG:
+            raise RunDirError(f"{_short(path)} is too long a path for the file system") from None
         raise RunDirError(f"{path} is not writable ({err.strerror or err})") from None
     return path
 
@@ -191,20 +309,43 @@ def _read_manifest(run_dir: Path) -> tuple[dict | None, bytes | None]:
         return None, None
     try:
         manifest = json.loads(raw)
-        ok = (isinstance(manifest, dict) and isinstance(manifest.get("step"), int)
-              and isinstance(manifest.get("files"), dict)
-              and all(isinstance(v, dict) and set(v) >= {"bytes", "sha256"} for v in manifest["files"].values()))
     except (json.JSONDecodeError, UnicodeDecodeError):
-        ok = False
-    if not ok:
-        raise RunDirError(f"corrupt checkpoint manifest {path}")
+        raise RunDirError(f"corrupt checkpoint manifest {path}: not JSON") from None
+    if not isinstance(manifest, dict):
+        raise RunDirError(f"corrupt checkpoint manifest {path}: not a JSON object")
+    check_format(manifest, CHECKPOINT_FORMAT, path)
+    bad = _bad_manifest_field(manifest)
+    if bad is not None:
+        raise RunDirError(f"corrupt checkpoint manifest {path}: {bad}")
     return manifest, raw
 
 
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _bad_manifest_field(manifest: dict) -> str | None:
+    """What is wrong with a manifest's fields (``step``, ``files.NAME.bytes``, ...), or ``None``."""
+    if not _is_count(manifest.get("step")):
+        return f"'step' must be a step number, got {manifest.get('step')!r}"
+    if not isinstance(manifest.get("files"), dict):
+        return f"'files' must be a mapping, got {manifest.get('files')!r}"
+    for name, entry in manifest["files"].items():
+        if not isinstance(entry, dict):
+            return f"'files.{name}' must be a mapping, got {entry!r}"
+        if not _is_count(entry.get("bytes")):
+            return f"'files.{name}.bytes' must be an integer, got {entry.get('bytes')!r}"
+        digest = entry.get("sha256")
+        if not (isinstance(digest, str) and len(digest) == 64 and set(digest) <= set("0123456789abcdef")):
+            return f"'files.{name}.sha256' must be 64 hex digits, got {digest!r}"
+    return None
+
+
 def has_checkpoint(run_dir) -> bool:
-    """``True`` when ``run_dir`` holds a checkpoint (a manifest, or a legacy run's weights)."""
+    """``True`` when ``run_dir`` holds a checkpoint: a manifest, or checkpoint files without one
+    (which readers refuse: :class:`UnverifiedRunError`)."""
     run_dir = Path(run_dir)
-    return (run_dir / MANIFEST_FILE).is_file() or (run_dir / MODEL_FILE).is_file()
+    return any((run_dir / name).is_file() for name in (MANIFEST_FILE,) + CHECKPOINT_FILES)
 
 
 def _remove_staged(run_dir: Path) -> None:
@@ -266,7 +407,12 @@ def commit(run_dir, step: int, files: Mapping[str, bytes], keep: Iterable[str] =
         raise CheckpointWriteError(f"cannot write the checkpoint of step {step} to {target} "
                                    f"({err.strerror or err}); the run keeps {kept}") from None
     for name in files:
-        disk.replace_file(run_dir / (name + STAGED), run_dir / name)
+        try:
+            disk.replace_file(run_dir / (name + STAGED), run_dir / name)
+        except OSError as err:
+            raise CheckpointWriteError(
+                f"cannot replace {run_dir / name} ({err.strerror or err}); the run keeps step {step}: its "
+                f"manifest is written and {name + STAGED} holds the file until the rename succeeds") from None
     _sync_dir(run_dir)
 
 
@@ -288,7 +434,8 @@ class Checkpoint:
 
 def _read_verified(run_dir: Path, name: str, expected: dict | None) -> bytes:
     """The bytes of ``name``; with a manifest entry ``expected``, those of ``NAME`` or (a commit
-    whose renames were cut short) ``NAME.next`` that match it."""
+    whose renames were cut short) ``NAME.next`` that match it; without one (``None``: the repair
+    of a run without manifest) the file as it is."""
     path = run_dir / name
     if expected is None:
         try:
@@ -308,21 +455,25 @@ def _read_verified(run_dir: Path, name: str, expected: dict | None) -> bytes:
     if found is None:
         raise RunDirError(f"missing file {path} (listed in {run_dir / MANIFEST_FILE})")
     candidate, digest = found
-    what = (f"{digest['bytes']} bytes where the manifest says {expected['bytes']}"
-            if digest["bytes"] != expected["bytes"] else "its SHA-256 differs from the manifest's")
-    raise RunDirError(f"{candidate} is corrupt or was edited: {what}")
+    what = (f"the file has {digest['bytes']} bytes, the manifest says {expected['bytes']}"
+            if digest["bytes"] != expected["bytes"] else "the file's SHA-256 is not the one the manifest lists")
+    raise RunDirError(f"{candidate.name} and {MANIFEST_FILE} in {run_dir} disagree: {what} (one of them is "
+                      f"corrupt or was edited)")
 
 
-def read_files(run_dir, names: Iterable[str]) -> Checkpoint:
+def read_files(run_dir, names: Iterable[str], unverified: bool = False) -> Checkpoint:
     """Read the files ``names`` of ``run_dir``, verified against its manifest (module docs).
+    ``unverified``: read a run without a manifest as it is (for its repair only).
 
     Raises:
         RunDirError: a file is missing, corrupt or edited (the message names it), or the
-            manifest itself is corrupt.
+            manifest itself is corrupt; :class:`UnverifiedRunError` for a run without manifest.
     """
     run_dir, names = Path(run_dir), list(names)
     for attempt in range(3):  # a writer may commit while we read: read again from its manifest
         manifest, raw = _read_manifest(run_dir)
+        if manifest is None and not unverified:
+            raise unverified_run(run_dir)
         try:
             if manifest is not None:
                 for name in names:
@@ -335,6 +486,15 @@ def read_files(run_dir, names: Iterable[str]) -> Checkpoint:
             if attempt == 2 or _read_manifest(run_dir)[1] == raw:
                 raise
     raise AssertionError("unreachable")
+
+
+def unverified_run(run_dir: Path) -> UnverifiedRunError:
+    """The refusal of a run directory without a manifest (module docs)."""
+    held = [name for name in CHECKPOINT_FILES if (run_dir / name).is_file()]
+    return UnverifiedRunError(
+        f"{run_dir} has no {MANIFEST_FILE}, so its files ({', '.join(held) or 'none'}) cannot be checked; "
+        f"check them and write one with --repair (train with the run's flags and --repair, or "
+        f"fvlib.training.repair_run)")
 
 
 # ----------------------------------------------------------------------------------------

@@ -74,7 +74,8 @@ def test_train_uses_the_trainconfig_recipe_and_takes_overrides(tmp_path):
     config = load_run(tmp_path / "a")[1]
     assert {k: getattr(config, k) for k in LEARNING_RECIPE} == LEARNING_RECIPE and config.batch == 512
     assert config.alpha_start == 0.7 and config.router_warm_start == 0
-    out = run_cli(*common, "--out", str(tmp_path / "b"), "--lr", "0.003", "--warmup", "0", "--queries", "64")
+    out = run_cli(*common, "--out", str(tmp_path / "b"), "--lr", "0.003", "--warmup", "0",
+                  "--no-expected-loss", "--queries", "64")
     assert out.returncode == 0, out.stderr
     config = load_run(tmp_path / "b")[1]
     assert (config.lr, config.warmup, config.queries) == (0.003, 0.0, 64)
@@ -105,7 +106,7 @@ def test_train_router_warm_start_flags(tmp_path):
     from fvlib.training import load_run
 
     common = ["train", "--model", "A", "--depth", "2", "--n-ctx", "8", "--budget", "2", "--steps", "3",
-              "--batch", "8", "--queries", "4", "--width", "8", "--no-progress", "--json"]
+              "--batch", "8", "--width", "8", "--no-progress", "--json"]
     out = run_cli(*common, "--out", str(tmp_path / "a"), "--router-warm-start", "5", "--router-lr-scale", "0.5")
     assert out.returncode == 0, out.stderr
     config = load_run(tmp_path / "a")[1]
@@ -129,7 +130,7 @@ def test_train_has_no_teacher_by_default_and_short_runs_train_their_steps(tmp_pa
     monkeypatch.setattr(train_module, "warm_start_router", lambda *a, **kw: warm_starts.append(kw["steps"]))
     monkeypatch.setattr(train_module, "training_step", lambda *a, **kw: steps.append(1) or real_step(*a, **kw))
     common = ["train", "--model", "A", "--depth", "3", "--n-ctx", "32", "--budget", "3", "--steps", "40",
-              "--batch", "32", "--queries", "16", "--width", "32", "--device", "cpu", "--no-progress", "--json"]
+              "--batch", "32", "--width", "32", "--device", "cpu", "--no-progress", "--json"]
     assert main([*common, "--out", str(tmp_path / "plain")]) == 0
     assert warm_starts == [] and len(steps) == 40
     saved = json.loads((tmp_path / "plain" / "config.json").read_text())["train"]

@@ -41,8 +41,16 @@ TRAIN = ["train", "--model", "A", "--depth", "3", "--n-ctx", "16", "--budget", "
 
 
 def _with(base, *flags):
-    """``base`` with ``flags`` added: argparse keeps the last value of a flag given twice."""
-    return [*base, *flags]
+    """``base`` with ``flags`` added; a flag of ``base`` given again is replaced (the CLI refuses a
+    flag given twice)."""
+    given, kept, index = {f for f in flags if f.startswith("--")}, [], 0
+    while index < len(base):
+        if base[index] in given:
+            index += 2 if index + 1 < len(base) and not base[index + 1].startswith("--") else 1
+            continue
+        kept.append(base[index])
+        index += 1
+    return [*kept, *flags]
 
 
 BAD = [

@@ -23,6 +23,14 @@ TRAIN = ["train", "--model", "A", "--depth", "3", "--n-ctx", "16", "--budget", "
 GIVEN = {"model", "depth", "n_ctx", "budget", "steps"}  # the fields TRAIN gives
 
 
+def _train(*extra: str) -> list[str]:
+    """TRAIN with ``extra`` flags; a flag of TRAIN given in ``extra`` takes its value there (a flag
+    may be given only once)."""
+    pairs = dict(zip(TRAIN[1::2], TRAIN[2::2]))
+    kept = [item for flag, value in pairs.items() if flag not in extra for item in (flag, value)]
+    return ["train", *kept, *extra]
+
+
 def _train_help(capsys) -> str:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train", "--help"])
@@ -52,7 +60,7 @@ def test_the_train_flags_carry_the_fields_help(capsys):
                                    ["--prior", "gaussian"], ["--alpha", "0.3"], ["--imitation"]],
                          ids=lambda extra: " ".join(extra) or "plain")
 def test_a_train_flag_not_given_takes_the_recipe_or_the_field_default(extra):
-    config = train_config(build_parser().parse_args([*TRAIN, *extra, "--out", "run"]))
+    config = train_config(build_parser().parse_args([*_train(*extra), "--out", "run"]))
     recipe = IMITATION_RECIPE if "--imitation" in extra else recipe_for(config.arch, config.prior, config.alpha)
     given = GIVEN | {name.lstrip("-").replace("-", "_") for name in extra[::2]}
     for field in config_fields():
@@ -77,7 +85,7 @@ def _value_for(field) -> tuple[list[str], object]:
 @pytest.mark.parametrize("field", config_fields(), ids=lambda f: f.name)
 def test_a_train_flag_given_sets_its_field(field):
     argv, value = _value_for(field)
-    args = build_parser().parse_args([*TRAIN, *argv, "--out", "run"])
+    args = build_parser().parse_args([*_train(*argv), "--out", "run"])
     assert getattr(args, field.name) == value and type(getattr(args, field.name)) is type(value)
 
 
@@ -87,7 +95,7 @@ NUMERIC = [f for f in config_fields() if typing.get_type_hints(TrainConfig)[f.na
 @pytest.mark.parametrize("field", NUMERIC, ids=lambda f: f.name)
 def test_a_bad_train_value_is_refused_by_the_config_in_one_line_naming_the_flag(field, capsys, tmp_path):
     """Every number of the config is checked once, by TrainConfig; the command line names the flag."""
-    assert main([*TRAIN, flag_for(field.name), "-5", "--out", str(tmp_path / "run")]) == 2
+    assert main([*_train(flag_for(field.name), "-5"), "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"fvlib: error: {flag_for(field.name)} ") and "-5" in err[0], err
     assert not (tmp_path / "run").exists()

@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 import fvlib.files as disk
 import fvlib.training.rundir as ckpt
 from fvlib.cli import main
-from fvlib.training import TrainConfig, TrainingDiverged, load_history, load_run, train
+from fvlib.training import TrainConfig, TrainingDiverged, UnverifiedRunError, load_history, load_run, repair_run, train
 from fvlib.training.rundir import CheckpointWriteError, RunDirError, RunLock
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
@@ -211,9 +211,9 @@ def test_overwritten_weight_bytes_are_named(run_dir):
     data[-64:] = bytes(64)  # weights, not the header: still a valid safetensors file
     path.write_bytes(bytes(data))
     load_file(str(path))
-    with pytest.raises(RunDirError, match="model.safetensors is corrupt or was edited: its SHA-256"):
+    with pytest.raises(RunDirError, match="model.safetensors and manifest.json .* disagree: the file's SHA-256"):
         load_run(run_dir)
-    with pytest.raises(RunDirError, match="model.safetensors is corrupt"):
+    with pytest.raises(RunDirError, match="model.safetensors and manifest.json .* disagree"):
         train(SMALL, out_dir=run_dir, progress=False)  # resuming the finished run refuses it too
 
 
@@ -221,7 +221,7 @@ def test_overwritten_weight_bytes_are_named(run_dir):
 def test_an_edited_file_is_named(run_dir, name):
     path = run_dir / name
     path.write_bytes(path.read_bytes() + b" ")
-    with pytest.raises(RunDirError, match=f"{name} is corrupt or was edited: .* bytes where the manifest says"):
+    with pytest.raises(RunDirError, match=f"{name} and manifest.json .* disagree: the file has .* bytes"):
         train(SMALL, out_dir=run_dir, progress=False)
 
 
@@ -238,7 +238,7 @@ def test_nan_weights_of_a_legacy_run_are_refused(run_dir):
     (run_dir / "manifest.json").unlink()  # a run written before manifests: only what can be checked
     name = nan_weights(run_dir)
     with pytest.raises(RunDirError, match=f"model.safetensors holds non-finite values .* in '{name}'"):
-        load_run(run_dir)
+        repair_run(run_dir)
 
 
 def test_nan_weights_are_refused_even_with_a_matching_manifest(run_dir):
@@ -256,20 +256,24 @@ def test_a_hand_edited_config_whose_shapes_disagree_is_one_line(run_dir):
     payload["model"]["width"] = payload["train"]["width"] = 12  # consistent, but not the weights
     path.write_text(json.dumps(payload))
     with pytest.raises(RunDirError) as err:
-        load_run(run_dir)
+        repair_run(run_dir)
     message = str(err.value)
     assert "model.safetensors do not fit" in message and "the config needs" in message and "\n" not in message
     payload["train"]["depth"] = 3  # the train section now disagrees with the model section
     path.write_text(json.dumps(payload))
     with pytest.raises(RunDirError, match="its model section .* is not the model of its train section"):
-        load_run(run_dir)
+        repair_run(run_dir)
 
 
 def test_legacy_runs_load_and_resume(tmp_path, whole):
-    """A run written by the code before manifests (the same files, no manifest) resumes exactly."""
+    """A run written by the code before manifests (the same files, no manifest) is refused until
+    repaired, then resumes exactly."""
     run_dir = tmp_path / "run"
     train(SMALL, out_dir=run_dir, progress=False, until_step=4)
     (run_dir / "manifest.json").unlink()
+    with pytest.raises(UnverifiedRunError, match="no manifest.json.*--repair"):
+        load_run(run_dir)
+    assert repair_run(run_dir, SMALL)[-1] == "wrote manifest.json (checkpoint of step 4)"
     assert load_run(run_dir)[2][-1]["step"] == 4
     assert_resumes_exactly(run_dir, whole)
 
@@ -281,8 +285,10 @@ def test_a_legacy_run_with_files_from_different_steps_says_so(tmp_path):
     train(SMALL, out_dir=run_dir, progress=False, until_step=4)
     (run_dir / "manifest.json").unlink()
     (run_dir / "history.json").write_bytes(history)  # what a kill between files did before manifests
-    with pytest.raises(RunDirError, match="different steps .*history.json step 2.*delete the directory"):
+    with pytest.raises(UnverifiedRunError):
         train(SMALL, out_dir=run_dir, progress=False)
+    with pytest.raises(RunDirError, match="different steps .*history.json step 2.*delete the directory"):
+        repair_run(run_dir, SMALL)
 
 
 def test_starting_over_removes_the_old_checkpoint_first(run_dir):
@@ -359,7 +365,7 @@ def test_train_many_stops_a_diverging_run_too(tmp_path):
 
 def test_cli_train_with_a_huge_learning_rate_is_one_line(tmp_path, capsys):
     argv = ["train", "--model", "A", "--depth", "2", "--n-ctx", "8", "--budget", "2", "--steps", "30",
-            "--batch", "8", "--queries", "4", "--width", "8", "--router-warm-start", "0", "--lr", "1e6",
+            "--batch", "8", "--width", "8", "--lr", "1e6",
             "--no-progress", "--out", str(tmp_path / "run")]
     assert main(argv) == 2
     captured = capsys.readouterr()
@@ -438,7 +444,7 @@ def test_patch_on_a_corrupt_run_names_the_file(run_dir, capsys):
     path.write_bytes(bytes(data))
     assert main(["patch", "--run", str(run_dir), "--contexts", "10"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"{path} is corrupt or was edited" in err[0]
+    assert len(err) == 1 and f"{path.name} and manifest.json in {path.parent} disagree" in err[0]
 
 
 # ----- worker processes end with their parent -----------------------------------------------

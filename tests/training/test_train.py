@@ -23,6 +23,7 @@ from fvlib.training import (
     load_history,
     load_run,
     lr_at,
+    repair_run,
     resolve_device,
     train,
 )
@@ -263,7 +264,7 @@ def test_resumed_run_matches_an_uninterrupted_one(tmp_path):
 
 def test_resume_refuses_a_different_config(tmp_path):
     train(TINY, out_dir=tmp_path, progress=False, until_step=5)
-    with pytest.raises(RunDirError, match="different config"):
+    with pytest.raises(RunDirError, match="another config: lr 0.03 here, 0.01 in the run"):
         train(dataclasses.replace(TINY, lr=3e-2), out_dir=tmp_path, progress=False)
     fresh = train(dataclasses.replace(TINY, lr=1e-2, steps=5), out_dir=tmp_path, resume=False, progress=False)
     assert load_run(tmp_path)[1] == fresh.config
@@ -302,7 +303,7 @@ def legacy_run_dir(run_dir):
 @pytest.mark.parametrize("name", ["config.json", "history.json"])
 def test_corrupt_json(run_dir, name):
     (run_dir / name).write_text("{not json")
-    with pytest.raises(RunDirError, match=f"{name} is corrupt or was edited"):
+    with pytest.raises(RunDirError, match=f"{name} and manifest.json .* disagree"):
         load_run(run_dir)
 
 
@@ -310,7 +311,7 @@ def test_corrupt_json(run_dir, name):
 def test_corrupt_json_of_a_legacy_run(legacy_run_dir, name):
     (legacy_run_dir / name).write_text("{not json")
     with pytest.raises(RunDirError, match=f"corrupt JSON.*{name}"):
-        load_run(legacy_run_dir)
+        repair_run(legacy_run_dir)
 
 
 @pytest.mark.parametrize("payload", [b"", b"garbage bytes that are not safetensors", b"\xff" * 64])
@@ -339,15 +340,16 @@ def test_invalid_config_contents(legacy_run_dir):
     payload["train"]["depth"] = -2
     (legacy_run_dir / "config.json").write_text(json.dumps(payload))
     with pytest.raises(RunDirError, match="-2"):
-        load_run(legacy_run_dir)
+        repair_run(legacy_run_dir)
 
 
 def test_weights_and_history_from_different_steps(legacy_run_dir):
     payload = json.loads((legacy_run_dir / "history.json").read_text())
     payload["step"] = 3
+    payload["history"] = [entry for entry in payload["history"] if entry["step"] <= 3]
     (legacy_run_dir / "history.json").write_text(json.dumps(payload))
     with pytest.raises(RunDirError, match="different steps.*history.json step 3"):
-        load_run(legacy_run_dir)
+        repair_run(legacy_run_dir)
 
 
 def test_load_history_reads_the_history_without_the_weights(tmp_path):
@@ -375,6 +377,7 @@ def test_runs_saved_before_warmup_existed_load_without_warmup(tmp_path):
     payload = json.loads(path.read_text())
     del payload["train"]["warmup"]
     path.write_text(json.dumps(payload))
+    repair_run(tmp_path, old)  # a run without manifest is read once repaired
     _, config, _ = load_run(tmp_path)
     assert config == old and config.warmup == 0.0
     again = train(old, out_dir=tmp_path, progress=False)   # resumes: the same finished run

@@ -159,7 +159,7 @@ def test_finished_runs_are_loaded_not_retrained(tmp_path):
 
 def test_resume_refuses_a_directory_of_another_config(tmp_path):
     train(TINY, out_dir=tmp_path, progress=False, until_step=5)
-    with pytest.raises(RunDirError, match="different config"):
+    with pytest.raises(RunDirError, match="another config: seed 3 here, 0 in the run"):
         train_many([dataclasses.replace(TINY, seed=3)], [tmp_path], progress=False)
 
 

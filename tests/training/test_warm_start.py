@@ -99,7 +99,7 @@ def test_a_run_that_does_not_warm_start_resumes_whatever_its_warm_start_fields(t
     again = train(new_b, out_dir=tmp_path / "b", progress=False)
     assert again.final_loss == first.final_loss and again.history == first.history
     train(dataclasses.replace(SMALL, steps=5), out_dir=tmp_path / "a", progress=False, until_step=2)
-    with pytest.raises(RunDirError, match="different config"):
+    with pytest.raises(RunDirError, match="another config: router_warm_start 0 here"):
         train(dataclasses.replace(SMALL, steps=5, router_warm_start=0), out_dir=tmp_path / "a", progress=False)
 
 
