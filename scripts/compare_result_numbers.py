@@ -7,7 +7,8 @@ looked up in ``NEW_DIR/NAME.json`` at the same path, its keys mapped through the
 schema from version 1 to version 2 (the rules moved under ``rules``:
 ``tolerance_rule`` -> ``rules/tolerance``, ...; the version itself is not compared). A leaf of
 the old file missing from the new one, or different, is printed. Leaves only the new file has
-(fields version 2 adds: completed configs, null analyses) are counted, not judged. Prints how
+(fields a later version adds: completed configs, null analyses, version 3's ``seal``) are
+counted, not judged; a rule's text that changed is printed like any other leaf. Prints how
 many numbers were compared; exits 1 if any leaf differs. Independent of fvlib: it reads JSON.
 """
 
