@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 import torch
 from torch import nn
 
-from ._checks import check_int
+from ._checks import check_finite, check_int
 from .task import StatisticBatch, TaskBatch
 
 __all__ = [
@@ -116,10 +116,7 @@ def check_model_input(name: str, value) -> torch.Tensor:
     if not value.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {value.dtype}: convert it with "
                         f"{name}.float()")
-    if not bool(torch.isfinite(value).all()):
-        raise ValueError(f"{name} must be finite, got {int((~torch.isfinite(value)).sum())} NaN or infinite "
-                         f"value(s)")
-    return value
+    return check_finite(name, value)
 
 
 class HookHandle:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ._checks import check_instance, check_int, check_number, check_tensor
+from ._checks import check_finite, check_instance, check_int, check_number, check_tensor
 from .priors import Prior
 from .resources import check_fits
 
@@ -164,7 +164,7 @@ def sample_task(
     _check_sample_args(prior, batch, n_ctx, noise_std, generator, dtype, tokens=True)
     if x is not None:
         check_tensor("x", x, (batch, n_ctx, prior.dim), "(B, N, D)")
-        _check_finite("x", x)
+        check_finite("x", x)
     theta, signs = _sample_latents(prior, batch, generator, signs)
     D = prior.dim
     if x is None:
@@ -193,13 +193,6 @@ def _check_sample_args(prior, batch, n_ctx, noise_std, generator, dtype, *, toke
     D = prior.dim
     numbers = n_ctx * (D + 3) + 3 * D if tokens else 4 * D
     check_fits("batch", batch, batch * (numbers * dtype.itemsize + 16.0 * D))
-
-
-def _check_finite(name: str, tensor: torch.Tensor) -> None:
-    """``ValueError`` naming ``name`` when ``tensor`` holds a NaN or an infinity."""
-    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-        bad = int((~torch.isfinite(tensor)).sum())
-        raise ValueError(f"{name} must be finite, got {bad} NaN or infinite value(s)")
 
 
 def _sample_latents(prior, batch, generator, signs):

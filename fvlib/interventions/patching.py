@@ -132,11 +132,12 @@ def pair_patcher(model: HookedModel, read: Readout, kind: str, layers):
 
 #: The cost of :func:`patching_sweep` per context, measured on one core (OMP_NUM_THREADS=1) by
 #: running ``python -m fvlib patch --json`` at 10 and 1000-32000 contexts on runs of model A (the
-#: constrained model at depth 3, 5, 6; the bottlenecked transformer at depth 3, N = 64 and depth 4,
-#: N = 32): the slope of the wall time (0.13, 0.7, 1.9 ms; 5.6, 6.2 ms per context, the theory's
-#: side included) and of the peak resident memory, which the formulas of :func:`patching_cost`
-#: match within a factor of 2.
-_SECONDS_PER_CONSTRAINED_UNIT = 1e-6
+#: constrained model at depth 3 with width 16 and 256, depth 5 and 6 with width 256; the
+#: bottlenecked transformer at depth 3, N = 64 and depth 4, N = 32): the slope of the wall time
+#: (0.07, 0.13, 0.7, 1.9 ms; 5.6, 6.2 ms per context, the theory's side included) and of the peak
+#: resident memory (0.7 kB per context at depth 3, a chunk's forward passes beside), which the
+#: formulas of :func:`patching_cost` match within a factor of 2.
+_SECONDS_PER_CONSTRAINED_UNIT = 7e-7
 _SECONDS_PER_TRANSFORMER_UNIT = 3.8e-8
 
 
@@ -153,7 +154,7 @@ def patching_cost(model: HookedModel, tree: TreePrior, n_ctx: int, contexts: int
     L, D = config.n_layers, config.dim
     if isinstance(model, FVTransformer):
         tokens = 1 if model.reads_statistic else n_ctx
-        per_context = _SECONDS_PER_CONSTRAINED_UNIT * K * (L + 2) * (D + 1) * tokens * config.width / 128
+        per_context = _SECONDS_PER_CONSTRAINED_UNIT * K * (L + 2) * (D + 1) * tokens * (0.5 + config.width / 256)
         working = 4.0 * (D + 1) * config.width * L * tokens
     else:
         per_context = _SECONDS_PER_TRANSFORMER_UNIT * K * (2 * L + 2) * L * n_ctx * config.d_model
