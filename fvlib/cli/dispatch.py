@@ -16,7 +16,14 @@ from ..experiments import beside_theory, inbuild
 from ..experiments import reproduce as headline
 from ..families import get_family
 from ..priors import get_prior_kind
-from .limits import CliError, check_contexts_cost, check_theory_args, check_train_memory, check_writable_dir
+from .limits import (
+    CliError,
+    check_contexts_cost,
+    check_jobs_memory,
+    check_theory_args,
+    check_train_memory,
+    check_writable_dir,
+)
 from .train_flags import train_config
 
 __all__ = [
@@ -141,11 +148,13 @@ def _gap_lines(table: dict, args) -> dict:
 
 def warm(args) -> dict:
     """The runs the chapters train (:func:`fvlib.experiments.inbuild.warm_work`), each exactly as the
-    chapter trains it, ``--jobs`` processes at a time."""
+    chapter trains it, ``--jobs`` processes at a time, once they are known to fit in memory together."""
     from ..training import run_root
 
+    work = inbuild.warm_work()
+    check_jobs_memory("warm", args.jobs, work)
     check_writable_dir("--root", run_root(args.root))
-    return {"runs": inbuild.train_parallel(inbuild.warm_work(), jobs=args.jobs, root=args.root)}
+    return {"runs": inbuild.train_parallel(work, jobs=args.jobs, root=args.root)}
 
 
 def patch(args) -> dict:

@@ -4,7 +4,8 @@ that size a run against the machine before it starts.
 ``theory``, ``gap`` and ``patch`` are refused when they would need more memory than there is
 (:func:`memory_limit`) or more than :data:`TIME_LIMIT` seconds of computing (and say how long
 they will take when that is over :data:`NOTE_AFTER` seconds); ``train`` is refused when it would
-need more memory than there is on the machine (or the GPU). A refusal names the flag most
+need more memory than there is on the machine (or the GPU), and ``warm`` when its ``--jobs``
+runs at once would. A refusal names the flag most
 responsible (:func:`culprit`). Output
 directories are checked writable before any work (:func:`check_writable_dir`).
 """
@@ -22,6 +23,7 @@ __all__ = [
     "TIME_LIMIT",
     "CliError",
     "check_contexts_cost",
+    "check_jobs_memory",
     "check_theory_args",
     "check_theory_cost",
     "check_train_memory",
@@ -142,6 +144,21 @@ def check_contexts_cost(command: str, contexts: int, seconds: float, memory: flo
                        f"on one core), over the limit of {_duration(TIME_LIMIT)}")
     if seconds > NOTE_AFTER:
         print(f"fvlib: note: this takes about {_duration(seconds)} (estimated on one core)", file=sys.stderr)
+
+
+def check_jobs_memory(command: str, jobs: int, work) -> None:
+    """Refuse ``command`` (``warm``) when its ``jobs`` largest items of ``work`` (each a
+    :class:`fvlib.training.TrainConfig`, or a list of them trained together) training at once need
+    more memory than there is (:func:`fvlib.training.estimate_memory`), naming ``--jobs``."""
+    from ..training import estimate_memory
+
+    sizes = sorted((sum(estimate_memory(c) for c in (item if isinstance(item, list) else [item])) for item in work),
+                   reverse=True)
+    memory, limit = sum(sizes[:jobs]), memory_limit()
+    if memory > limit:
+        raise CliError(f"--jobs {jobs}: {command} needs about {format_bytes(memory)} of memory with "
+                       f"{min(jobs, len(sizes))} runs at once (estimated), more than the {format_bytes(limit)} "
+                       f"there is")
 
 
 def check_train_memory(config) -> None:
