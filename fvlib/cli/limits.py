@@ -5,8 +5,7 @@ that size a run against the machine before it starts.
 (:func:`memory_limit`) or more than :data:`TIME_LIMIT` seconds of computing (and say how long
 they will take when that is over :data:`NOTE_AFTER` seconds); ``train`` is refused when it would
 need more memory than there is on the machine (or the GPU), and ``warm`` when its ``--jobs``
-runs at once would. A refusal names the flag most
-responsible (:func:`culprit`). Output
+runs at once would. A refusal names the flag most responsible (:func:`culprit`). Output
 directories are checked writable before any work (:func:`check_writable_dir`).
 """
 

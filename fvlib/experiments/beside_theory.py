@@ -8,11 +8,10 @@ error of the paired ratio (:func:`fvlib.stats.paired_ratio`).
 * :func:`compare_with_theory` -- a model next to its matching baseline on its evaluation
   contexts;
 * :func:`greedy_paired` -- a model against the greedy policy on the same contexts;
-* :func:`gap_table` and :func:`gap_record` (its cost before any work: :func:`gap_cost`) -- model
-  A and its router with the Bayes decoder
+* :func:`gap_table` and :func:`gap_record` -- model A and its router with the Bayes decoder
   (:func:`fvlib.interventions.router.router_bayes_decode`) beside greedy, the optimised
   non-adaptive directions and the optimised adaptive policy, for one trained run; the record
-  is the table as JSON-able lists.
+  is the table as JSON-able lists; :func:`gap_cost`, the table's cost before any work.
 """
 
 from __future__ import annotations

@@ -120,6 +120,23 @@ def test_GP14_GP15_ordinary_contexts_pass(run, capsys, command):
     assert json.loads(out)["contexts"] == 40 and "note" not in err
 
 
+def test_warm_jobs_that_cannot_fit_together_are_refused(capsys, monkeypatch):
+    """``warm`` sums the estimates of its ``--jobs`` largest runs: over the memory there is, it is
+    refused naming ``--jobs`` before any run starts; one at a time fits."""
+    from fvlib.experiments import inbuild
+
+    monkeypatch.setattr(inbuild, "train_parallel", lambda *args, **kwargs: {})
+    largest = max(sum(estimate_memory(c) for c in (item if isinstance(item, list) else [item]))
+                  for item in inbuild.warm_work())
+    monkeypatch.setattr(limits, "memory_limit", lambda device=None: 1.05 * largest)
+    code, _, err = _cli(capsys, "warm", "--jobs", "4")
+    assert code == 2
+    assert err.startswith("fvlib: error: --jobs 4: warm needs about ") and "with 4 runs at once (estimated)" in err
+    monkeypatch.setattr(inbuild, "train_parallel", lambda *args, **kwargs: {"ran": 1.0})
+    code, out, err = _cli(capsys, "warm", "--jobs", "1", "--json")
+    assert (code, json.loads(out)) == (0, {"runs": {"ran": 1.0}}), err
+
+
 def test_GP14_GP15_library_refuses_contexts_that_cannot_fit(run):
     """The library functions behind the commands refuse, naming ``contexts``, before any work."""
     model, config, _ = load_run(run)
