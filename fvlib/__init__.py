@@ -3,11 +3,12 @@
 The library behind the executable textbook. Modules, in layers from the bottom up; a module
 imports only from the layers below it (``tests/core/test_import_layers.py`` checks this)::
 
-    _checks, stats, registry, files
+    _checks, stats, registry, files, resources
                               argument checks of the public entry points; squared error, mean and
                               standard error, the relative gap of two estimates; one registry of
                               named kinds (priors, model families, strategies); files written in
-                              one step and the exclusive lock of run directories and result files
+                              one step and the exclusive lock of run directories and result files;
+                              what memory there is (RAM, ulimit -v, cgroup, GPU)
     workers                   the process pool, whose workers end with their parent
     priors                    the tree prior, Gaussian priors, the Gaussian twin; the registry of
                               prior kinds

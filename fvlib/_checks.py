@@ -23,6 +23,7 @@ __all__ = [
     "check_budget",
     "check_instance",
     "check_tensor",
+    "check_finite",
     "dataclass_from_dict",
     "DictRoundTrip",
 ]
@@ -106,6 +107,17 @@ def check_tensor(name: str, value, shape: tuple | None = None, text: str | None 
     if shape is not None and (value.ndim != len(shape)
                               or any(s is not None and s != n for s, n in zip(shape, value.shape))):
         raise ValueError(f"{name} must have shape {wanted}, got {tuple(value.shape)}")
+    return value
+
+
+def check_finite(name: str, value: torch.Tensor) -> torch.Tensor:
+    """``value`` (a tensor) if it holds no NaN and no infinity. A finite sum settles it in one
+    pass without a copy (a NaN or an infinity makes the sum NaN or infinite); only a sum that is
+    not finite is looked at element by element (finite values may overflow it)."""
+    if value.is_floating_point() and not bool(torch.isfinite(value.sum())):
+        bad = int((~torch.isfinite(value)).sum())
+        if bad:
+            raise ValueError(f"{name} must be finite, got {bad} NaN or infinite value(s)")
     return value
 
 

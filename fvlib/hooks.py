@@ -13,7 +13,8 @@ family; which kinds a family has:
   ``open``): see :data:`LAYER_HOOKS` and :data:`MODEL_HOOKS`.
 
 A hook is ``fn(tensor, hook) -> tensor | None``; returning ``None`` keeps the tensor and
-``hook.name`` is the hook's name. Use :meth:`HookedModel.run_with_cache`,
+``hook.name`` is the hook's name (anything else, or a tensor of another shape, is refused naming
+the hook point). Use :meth:`HookedModel.run_with_cache`,
 :meth:`HookedModel.run_with_hooks` or the context manager :meth:`HookedModel.hooks`;
 :meth:`HookPoint.add_hook` returns a :class:`HookHandle` whose ``remove()`` takes the hook out.
 :func:`replace_with` is the hook that swaps an activation for a given tensor (a patch).
@@ -42,6 +43,7 @@ __all__ = [
     "HookHandle",
     "ActivationCache",
     "HookedModel",
+    "check_model_input",
 ]
 
 HookFn = Callable[[torch.Tensor, "HookPoint"], "torch.Tensor | None"]
@@ -103,6 +105,22 @@ def replace_with(tensor: torch.Tensor) -> HookFn:
     return hook
 
 
+def check_model_input(name: str, value) -> torch.Tensor:
+    """``value`` if it is a floating-point ``torch.Tensor``: an input handed to a model's forward
+    pass. Else ``TypeError`` naming ``name`` (not a tensor, e.g. a NumPy array, or an integer or
+    bool dtype). The values are not looked at: the check costs nothing per element and holds
+    under ``torch.func.vmap`` (batched training calls the forward pass with tensors); a NaN in
+    gives a NaN out, where it shows."""
+    if not isinstance(value, torch.Tensor):
+        kind = f"{type(value).__module__}.{type(value).__name__}".removeprefix("builtins.")
+        raise TypeError(f"{name} must be a torch.Tensor, got {kind}: convert it with torch.as_tensor({name}, "
+                        f"dtype=torch.float32)")
+    if not value.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {value.dtype}: convert it with "
+                        f"{name}.float()")
+    return value
+
+
 class HookHandle:
     """What :meth:`HookPoint.add_hook` returns: :meth:`remove` takes out exactly that hook
     (the same function added twice has two handles)."""
@@ -139,6 +157,9 @@ class HookPoint(nn.Module):
         for fn in list(self._hook_fns.values()):
             out = fn(x, self)
             if out is not None:
+                if not isinstance(out, torch.Tensor):
+                    raise TypeError(f"hook on {self.name} returned a {type(out).__name__}; a hook returns None "
+                                    f"(keep the activation) or a tensor of shape {tuple(x.shape)}")
                 if out.shape != x.shape:
                     raise ValueError(
                         f"hook on {self.name} returned shape {tuple(out.shape)}, expected {tuple(x.shape)}"
@@ -255,7 +276,9 @@ class HookedModel(nn.Module):
     def _inputs(self, batch_or_x, y, x_query) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(x (B, N, D), y (B, N), x_query (B, D) or (B, Q, D))`` from a
         :class:`~fvlib.task.TaskBatch` or the three tensors, checked against ``config.dim`` and
-        cast to the model's dtype; ``ValueError`` names a bad shape or a mix of the two forms."""
+        cast to the model's dtype; ``ValueError`` names a bad shape or a mix of the two forms.
+        The three tensors given apart are checked by :func:`check_model_input` (a batch's come
+        from :func:`~fvlib.task.sample_task`, which checks its inputs)."""
         if isinstance(batch_or_x, StatisticBatch):
             raise ValueError(f"{type(self).__name__} reads every token, not only the pooled statistic: pass a "
                              f"TaskBatch (tokens), not a StatisticBatch")
@@ -263,10 +286,11 @@ class HookedModel(nn.Module):
             if y is not None or x_query is not None:
                 raise ValueError("pass either a TaskBatch or the tensors x, y, x_query, not both")
             x, y, x_query = batch_or_x.x, batch_or_x.y, batch_or_x.x_query
-        elif y is None or x_query is None:
-            raise ValueError("forward needs a TaskBatch or all of x, y, x_query")
         else:
-            x = batch_or_x
+            x = check_model_input("x", batch_or_x)
+            if y is None or x_query is None:
+                raise ValueError("forward needs a TaskBatch or all of x, y, x_query")
+            y, x_query = check_model_input("y", y), check_model_input("x_query", x_query)
         D = self.config.dim
         if x.ndim != 3 or x.shape[-1] != D:
             raise ValueError(f"x must have shape (B, N, {D}), got {tuple(x.shape)}")

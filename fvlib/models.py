@@ -59,7 +59,7 @@ import torch
 from torch import nn
 
 from ._checks import DictRoundTrip, check_int
-from .hooks import LAYER_HOOKS, MODEL_HOOKS, HookedModel, HookPoint, hook_name
+from .hooks import LAYER_HOOKS, MODEL_HOOKS, HookedModel, HookPoint, check_model_input, hook_name
 from .priors import Prior
 from .task import StatisticBatch
 
@@ -394,11 +394,10 @@ class FVTransformer(HookedModel):
             raise ValueError(f"a model with router {self.config.router!r} reads every token, not only the pooled "
                              f"statistic: pass a TaskBatch (tokens)")
         D = self.config.dim
-        if not isinstance(g, torch.Tensor) or g.ndim != 2 or g.shape[-1] != D:
-            raise ValueError(f"g must be a tensor of shape (B, {D}), got "
-                             f"{tuple(g.shape) if isinstance(g, torch.Tensor) else type(g).__name__}")
-        if not isinstance(x_query, torch.Tensor) or x_query.shape[0] != g.shape[0] or x_query.shape[-1] != D \
-                or x_query.ndim not in (2, 3):
+        g, x_query = check_model_input("g", g), check_model_input("x_query", x_query)
+        if g.ndim != 2 or g.shape[-1] != D:
+            raise ValueError(f"g must be a tensor of shape (B, {D}), got {tuple(g.shape)}")
+        if x_query.shape[0] != g.shape[0] or x_query.shape[-1] != D or x_query.ndim not in (2, 3):
             raise ValueError(f"x_query must be a tensor of shape ({g.shape[0]}, {D}) or ({g.shape[0]}, Q, {D})")
         dtype = next(self.parameters()).dtype
         return g.to(dtype), x_query.to(dtype)
@@ -489,7 +488,7 @@ def model_config(
     """The :class:`ModelConfig` of model ``'A'``, ``'B'`` or ``'C'`` with budget ``M``."""
     if kind not in _LAYOUTS:
         raise ValueError(f"model kind must be one of {MODEL_KINDS}, got {kind!r}")
-    check_int("budget", budget, 1)
+    check_int("budget", budget, 1, _dim_of(prior_or_dim))  # M <= D, the rule of TrainConfig
     n_layers, channels, router, decoder = _LAYOUTS[kind](budget)
     return ModelConfig(_dim_of(prior_or_dim), n_layers, channels, router, decoder, width, hidden_layers)
 

@@ -18,8 +18,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ._checks import check_instance, check_int, check_number, check_tensor
+from ._checks import check_finite, check_instance, check_int, check_number, check_tensor
 from .priors import Prior
+from .resources import check_fits
 
 __all__ = ["TaskBatch", "StatisticBatch", "sample_task", "sample_statistic_task", "sample_statistic", "sample_chi2",
            "check_task_args", "make_generator", "MAX_NOISE_STD"]
@@ -153,15 +154,21 @@ def sample_task(
         generator: the random source.
         signs: optional ``(B, K)`` leaf paths to use instead of sampling (tree prior only);
             used by the patching experiments to pick donor and target leaves.
-        x: optional ``(B, N, D)`` inputs to reuse (donor and target share their ``x_i``).
-        dtype: dtype of the returned tensors (float32 for models, float64 for theory).
+        x: optional ``(B, N, D)`` inputs to reuse (donor and target share their ``x_i``), finite.
+        dtype: dtype of the returned tensors, a floating-point one (float32 for models, float64
+            for theory).
+
+    A ``batch`` whose tensors would need more memory than there is
+    (:func:`fvlib.resources.available_memory`) raises ``ValueError`` before anything is drawn.
     """
-    theta, signs = _sample_latents(prior, batch, n_ctx, noise_std, generator, signs)
+    _check_sample_args(prior, batch, n_ctx, noise_std, generator, dtype, tokens=True)
+    if x is not None:
+        check_tensor("x", x, (batch, n_ctx, prior.dim), "(B, N, D)")
+        check_finite("x", x)
+    theta, signs = _sample_latents(prior, batch, generator, signs)
     D = prior.dim
     if x is None:
         x = torch.randn(batch, n_ctx, D, generator=generator, dtype=dtype)
-    else:
-        check_tensor("x", x, (batch, n_ctx, D), "(B, N, D)")
     x = x.to(dtype)
     theta = theta.to(dtype)
     x_query = torch.randn(batch, D, generator=generator, dtype=dtype)
@@ -171,12 +178,25 @@ def sample_task(
     return TaskBatch(x, y, x_query, y_query, theta, signs, float(noise_std))
 
 
-def _sample_latents(prior, batch, n_ctx, noise_std, generator, signs):
-    """``(theta (B, D), signs (B, K) or None)`` of :func:`sample_task`, its arguments checked."""
+def _check_sample_args(prior, batch, n_ctx, noise_std, generator, dtype, *, tokens: bool) -> None:
+    """The arguments of :func:`sample_task` (``tokens``) and :func:`sample_statistic_task`, and the
+    memory their tensors need: per context ``N (D + 3) + 3 D`` numbers of ``dtype`` with the tokens
+    (``x``, ``y``, the noise and the product, the query and ``theta``), ``4 D`` without, and the
+    float64 latents and int64 signs."""
     check_instance("prior", prior, Prior)
     check_int("batch", batch, 1)
     check_task_args(n_ctx, noise_std)
     check_instance("generator", generator, torch.Generator)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point torch.dtype (torch.float32 for models, torch.float64 "
+                         f"for the theory), got {dtype!r}")
+    D = prior.dim
+    numbers = n_ctx * (D + 3) + 3 * D if tokens else 4 * D
+    check_fits("batch", batch, batch * (numbers * dtype.itemsize + 16.0 * D))
+
+
+def _sample_latents(prior, batch, generator, signs):
+    """``(theta (B, D), signs (B, K) or None)`` of :func:`sample_task` (its arguments checked)."""
     if signs is not None:
         if not prior.is_tree:
             raise ValueError(f"signs can only be given for a tree prior, got {prior!r}")
@@ -204,8 +224,10 @@ def sample_statistic_task(
     """Sample ``batch`` in-context regression problems as their pooled statistics: what
     :func:`sample_task` followed by :meth:`TaskBatch.pooled` gives, in law, without drawing the
     ``B x N x D`` token inputs (:func:`sample_statistic`, ``O(D)`` per context). Latents, then
-    statistics, then the query token and its label are drawn from ``generator``."""
-    theta, signs = _sample_latents(prior, batch, n_ctx, noise_std, generator, signs)
+    statistics, then the query token and its label are drawn from ``generator``. ``dtype`` and a
+    ``batch`` too large for memory are refused as in :func:`sample_task`."""
+    _check_sample_args(prior, batch, n_ctx, noise_std, generator, dtype, tokens=False)
+    theta, signs = _sample_latents(prior, batch, generator, signs)
     g = sample_statistic(theta, n_ctx, noise_std, generator, dtype=dtype)
     theta = theta.to(dtype)
     x_query = torch.randn(batch, prior.dim, generator=generator, dtype=dtype)

@@ -333,8 +333,8 @@ def transformer_config(
         raise ValueError(
             f"transformer model kind must be one of {TRANSFORMER_KINDS} (of {MODEL_KINDS}), got {kind!r}"
         )
-    check_int("budget", budget, 1)
     dim = prior_or_dim.dim if isinstance(prior_or_dim, Prior) else check_int("dim", prior_or_dim, 1)
+    check_int("budget", budget, 1, dim)  # M <= D, the rule of TrainConfig
     n_layers, channels = _LAYOUTS[kind](budget)
     return TransformerConfig(dim, n_layers, channels, arrangement, **kwargs)
 

@@ -17,7 +17,15 @@ from ..experiments import beside_theory, inbuild
 from ..experiments import reproduce as headline
 from ..families import get_family
 from ..priors import get_prior_kind
-from .limits import CliError, check_theory_args, check_train_memory, check_writable_dir, flag_for
+from .limits import (
+    CliError,
+    check_contexts_cost,
+    check_jobs_memory,
+    check_theory_args,
+    check_train_memory,
+    check_writable_dir,
+    flag_for,
+)
 from .train_flags import train_config
 
 __all__ = [
@@ -121,12 +129,14 @@ def gap(args) -> dict:
     """Chapter 8's gap table (:func:`fvlib.experiments.beside_theory.gap_table`) of a trained run of model A
     on the tree prior: the model, its router with the exact Bayes decoder, and greedy and the
     optimised adaptive policy on the model's own contexts; ``ratio``: the model over the
-    better of the two, context by context."""
+    better of the two, context by context. Refused before any work when ``--contexts`` cannot
+    fit or finish (:func:`fvlib.experiments.beside_theory.gap_cost`)."""
 
     model, config = _load_run(args.run)
     if get_family(config.arch).model_label(config.model) != "A" or not get_prior_kind(config.prior).is_tree:
         raise CliError(f"gap needs a run of model A (--arch constrained) on the tree prior; {args.run} is "
                        f"model {config.model} (--arch {config.arch}) on the {config.prior} prior")
+    check_contexts_cost("gap", args.contexts, *beside_theory.gap_cost(config, args.contexts))
     table = beside_theory.gap_table(model, config, contexts=args.contexts, seed=args.seed)
     return _gap_json(table, args) if args.json else _gap_lines(table, args)
 
@@ -156,17 +166,20 @@ def _gap_lines(table: dict, args) -> dict:
 
 def warm(args) -> dict:
     """The runs the chapters train (:func:`fvlib.experiments.inbuild.warm_work`), each exactly as the
-    chapter trains it, ``--jobs`` processes at a time."""
+    chapter trains it, ``--jobs`` processes at a time, once they are known to fit in memory together."""
     from ..training import run_root
 
+    work = inbuild.warm_work()
+    check_jobs_memory("warm", args.jobs, work)
     check_writable_dir("--root", run_root(args.root))
-    return {"runs": inbuild.train_parallel(inbuild.warm_work(), jobs=args.jobs, root=args.root)}
+    return {"runs": inbuild.train_parallel(work, jobs=args.jobs, root=args.root)}
 
 
 def patch(args) -> dict:
     """The key-patching heatmap of a trained tree-prior run (its state-patching analogue for a
-    bottlenecked transformer) beside the theory's on the same pairs."""
-    from ..interventions import key_patching_sweep, state_patching_sweep
+    bottlenecked transformer) beside the theory's on the same pairs; refused before any work when
+    ``--contexts`` cannot fit or finish (:func:`fvlib.interventions.patching_cost`)."""
+    from ..interventions import key_patching_sweep, patching_cost, state_patching_sweep
     from ..theory import theory_patching_sweep
     from ..training import build_prior
 
@@ -179,6 +192,7 @@ def patch(args) -> dict:
     prior = build_prior(config)
     if not prior.is_tree:
         raise CliError(f"patching needs a run trained on the tree prior, {args.run} used {config.prior!r}")
+    check_contexts_cost("patch", args.contexts, *patching_cost(model, prior, config.n_ctx, args.contexts))
     kw = {"contexts": args.contexts, "seed": args.seed}
     sweep = state_patching_sweep if family.softmax_attention else key_patching_sweep
     model_side = sweep(model, prior, config.n_ctx, config.noise_std, **kw)

@@ -1,25 +1,28 @@
 """The command line's refusals before any work: the one-line :class:`CliError`, and the checks
 that size a run against the machine before it starts.
 
-``theory`` is refused when it would need more memory than the machine has or more than
-:data:`THEORY_TIME_LIMIT` seconds of computing (and says how long it will take when that is
-over :data:`NOTE_AFTER` seconds); ``train`` is refused when it would need more memory than the
-machine (or the GPU) has. A refusal names the flag most responsible (:func:`culprit`). Output
+``theory``, ``gap`` and ``patch`` are refused when they would need more memory than there is
+(:func:`memory_limit`) or more than :data:`TIME_LIMIT` seconds of computing (and say how long
+they will take when that is over :data:`NOTE_AFTER` seconds); ``train`` is refused when it would
+need more memory than there is on the machine (or the GPU), and ``warm`` when its ``--jobs``
+runs at once would. A refusal names the flag most responsible (:func:`culprit`). Output
 directories are checked writable before any work (:func:`check_writable_dir`).
 """
 
 from __future__ import annotations
 
 import math
-import os
 import sys
 
 from .._checks import check_budget
+from ..resources import available_memory, format_bytes
 
 __all__ = [
     "NOTE_AFTER",
-    "THEORY_TIME_LIMIT",
+    "TIME_LIMIT",
     "CliError",
+    "check_contexts_cost",
+    "check_jobs_memory",
     "check_theory_args",
     "check_theory_cost",
     "check_train_memory",
@@ -34,9 +37,11 @@ class CliError(Exception):
     """A user error: printed on one line, exit status 2."""
 
 
-#: ``theory`` refuses a run estimated (:func:`fvlib.theory.theory_cost`) to need more seconds
-#: of computing than this, and notes on stderr how long one over :data:`NOTE_AFTER` takes.
-THEORY_TIME_LIMIT = 3600.0
+#: ``theory``, ``gap`` and ``patch`` refuse a run estimated (:func:`fvlib.theory.theory_cost`,
+#: :func:`fvlib.experiments.beside_theory.gap_cost`, :func:`fvlib.interventions.patching_cost`) to
+#: need more seconds of computing than this, and note on stderr how long one over
+#: :data:`NOTE_AFTER` takes.
+TIME_LIMIT = 3600.0
 NOTE_AFTER = 60.0
 
 
@@ -74,16 +79,10 @@ def check_theory_args(args) -> None:
 
 
 def memory_limit(device=None) -> float:
-    """The memory there is for a run, in bytes: the GPU's for a CUDA ``torch.device``, else the
-    machine's RAM (``inf`` where the system does not say)."""
-    import torch
-
-    if device is not None and device.type == "cuda":
-        return float(torch.cuda.get_device_properties(device).total_memory)
-    try:
-        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (AttributeError, OSError, ValueError):  # no sysconf (Windows): no limit known
-        return math.inf
+    """The memory there is for a run, in bytes (:func:`fvlib.resources.available_memory`): the GPU's
+    free memory for a CUDA ``torch.device``, else the smallest of the machine's available RAM, what
+    ``ulimit -v`` leaves and what the cgroup leaves (``inf`` where nothing says)."""
+    return available_memory(device)
 
 
 def culprit(estimate, values: dict, reference: dict) -> str:
@@ -99,12 +98,6 @@ def culprit(estimate, values: dict, reference: dict) -> str:
 
     name = min(reference, key=lowered)
     return flag_for(name) if values[name] is True else f"{flag_for(name)} {values[name]}"
-
-
-def _size(nbytes: float) -> str:
-    if nbytes >= 1e12:
-        return f"{nbytes / 1e12:.3g} TB"
-    return f"{nbytes / 1e9:.3g} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:.3g} MB"
 
 
 def _duration(seconds: float) -> str:
@@ -127,14 +120,44 @@ def check_theory_cost(args) -> None:
     limit = memory_limit()
     if memory > limit:
         flag = culprit(lambda v: theory_cost(**v)[1], values, reference)
-        raise CliError(f"{flag}: theory needs about {_size(memory)} of memory (estimated), more than the "
-                       f"{_size(limit)} this machine has")
-    if seconds > THEORY_TIME_LIMIT:
+        raise CliError(f"{flag}: theory needs about {format_bytes(memory)} of memory (estimated), more than the "
+                       f"{format_bytes(limit)} there is")
+    if seconds > TIME_LIMIT:
         flag = culprit(lambda v: theory_cost(**v)[0], values, reference)
         raise CliError(f"{flag}: theory needs about {_duration(seconds)} of computing (estimated on one "
-                       f"core), over the limit of {_duration(THEORY_TIME_LIMIT)}")
+                       f"core), over the limit of {_duration(TIME_LIMIT)}")
     if seconds > NOTE_AFTER:
         print(f"fvlib: note: this takes about {_duration(seconds)} (estimated on one core)", file=sys.stderr)
+
+
+def check_contexts_cost(command: str, contexts: int, seconds: float, memory: float) -> None:
+    """Refuse ``command`` (``gap``, ``patch``) when its estimated ``memory`` (bytes) is more than
+    there is or its ``seconds`` over :data:`TIME_LIMIT`, naming ``--contexts`` (the one flag its
+    cost grows with; the run's size is fixed); note on stderr how long a long one takes."""
+    limit = memory_limit()
+    if memory > limit:
+        raise CliError(f"--contexts {contexts}: {command} needs about {format_bytes(memory)} of memory (estimated), "
+                       f"more than the {format_bytes(limit)} there is")
+    if seconds > TIME_LIMIT:
+        raise CliError(f"--contexts {contexts}: {command} needs about {_duration(seconds)} of computing (estimated "
+                       f"on one core), over the limit of {_duration(TIME_LIMIT)}")
+    if seconds > NOTE_AFTER:
+        print(f"fvlib: note: this takes about {_duration(seconds)} (estimated on one core)", file=sys.stderr)
+
+
+def check_jobs_memory(command: str, jobs: int, work) -> None:
+    """Refuse ``command`` (``warm``) when its ``jobs`` largest items of ``work`` (each a
+    :class:`fvlib.training.TrainConfig`, or a list of them trained together) training at once need
+    more memory than there is (:func:`fvlib.training.estimate_memory`), naming ``--jobs``."""
+    from ..training import estimate_memory
+
+    sizes = sorted((sum(estimate_memory(c) for c in (item if isinstance(item, list) else [item])) for item in work),
+                   reverse=True)
+    memory, limit = sum(sizes[:jobs]), memory_limit()
+    if memory > limit:
+        raise CliError(f"--jobs {jobs}: {command} needs about {format_bytes(memory)} of memory with "
+                       f"{min(jobs, len(sizes))} runs at once (estimated), more than the {format_bytes(limit)} "
+                       f"there is")
 
 
 def check_train_memory(config) -> None:
@@ -155,6 +178,6 @@ def check_train_memory(config) -> None:
     values = {name: getattr(config, name) for name in names}
     flag = culprit(lambda v: estimate_memory(replace(config, **v)), values,
                    {name: getattr(default, name) for name in names})
-    where = "the GPU" if device.type == "cuda" else "this machine"
-    raise CliError(f"{flag}: training needs about {_size(memory)} of memory (estimated), more than the "
-                   f"{_size(limit)} {where} has")
+    where = "free on the GPU" if device.type == "cuda" else "there is"
+    raise CliError(f"{flag}: training needs about {format_bytes(memory)} of memory (estimated), more than the "
+                   f"{format_bytes(limit)} {where}")

@@ -94,7 +94,7 @@ def _add_gap_parser(sub) -> None:
     gap.add_argument("--run", required=True, help="run directory written by 'train'")
     gap.add_argument("--contexts", type=integer("--contexts", 2), default=4000,
                      help="task contexts, the same for the model and the references")
-    gap.add_argument("--seed", type=integer("--seed", 0), default=0, help="seed of the contexts and the optimisation")
+    gap.add_argument("--seed", type=seed(), default=0, help="seed of the contexts and the optimisation")
     gap.add_argument("--json", action="store_true", help=_JSON_HELP)
     gap.set_defaults(handler=dispatch.gap)
 

@@ -11,7 +11,7 @@ error of the paired ratio (:func:`fvlib.stats.paired_ratio`).
 * :func:`gap_table` and :func:`gap_record` -- model A and its router with the Bayes decoder
   (:func:`fvlib.interventions.router.router_bayes_decode`) beside greedy, the optimised
   non-adaptive directions and the optimised adaptive policy, for one trained run; the record
-  is the table as JSON-able lists.
+  is the table as JSON-able lists; :func:`gap_cost`, the table's cost before any work.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import torch
 from .._checks import check_int, check_seed
 from ..interventions.router import router_bayes_decode
 from ..priors import TreePrior, get_prior_kind
+from ..resources import check_fits
 from ..stats import mean_and_stderr, paired_ratio
 from ..theory import (
     GreedyRule,
@@ -47,6 +48,7 @@ __all__ = [
     "MATCHING_BASELINE",
     "baseline_predictor",
     "compare_with_theory",
+    "gap_cost",
     "gap_record",
     "gap_table",
     "greedy_paired",
@@ -159,6 +161,30 @@ def greedy_paired(model, config: TrainConfig, *, contexts: int | None = None, se
             "contexts": int(model_errors.numel())}
 
 
+#: The seconds and bytes per context of :func:`gap_table`, measured on one core (OMP_NUM_THREADS=1)
+#: by running ``python -m fvlib gap --json`` at 10 and 4000-32000 contexts on runs of model A
+#: (depth 3, N = 32 and depth 6, N = 128 on the pooled statistic; depth 5, N = 64 on the tokens),
+#: the slope of the wall time and of the peak resident memory (``ru_maxrss``): 28 / 87 / 112 us
+#: and 1.5 / 9.6 / 7.6 kB per context, which the formulas of :func:`gap_cost` match within a factor
+#: of 2. The cost of the optimisation (independent of ``contexts``) is left out.
+_GAP_SECONDS_PER_CONTEXT = 1e-5
+_GAP_SECONDS_PER_TOKEN_NUMBER = 1e-8
+_GAP_NUMBERS_PER_DIM = 40
+
+
+def gap_cost(config: TrainConfig, contexts: int) -> tuple[float, float]:
+    """``(seconds, bytes)``: a rough estimate, before any work, of the part of :func:`gap_table`
+    that grows with ``contexts`` on one core. Every context is held at once (its pooled
+    statistic, or its ``N (D + 1)`` token numbers when the run reads tokens, and about
+    ``40 (D + 1)`` float32 numbers of references, errors and copies); the time grows with ``D``
+    (the references) and the token numbers."""
+    check_int("contexts", contexts, 2)
+    D = 2**config.depth - 1
+    tokens = 0 if config.statistic else config.n_ctx * (D + 1)
+    seconds = contexts * (_GAP_SECONDS_PER_CONTEXT * (2 + D / 8) + _GAP_SECONDS_PER_TOKEN_NUMBER * tokens)
+    return seconds, 4.0 * contexts * (_GAP_NUMBERS_PER_DIM * (D + 1) + tokens)
+
+
 def gap_table(model, config: TrainConfig, *, contexts: int = 4000, seed: int = 0, policy=None,
               others: Mapping | None = None) -> dict:
     """How close a trained model A comes to the best adaptive references, one dict of rows.
@@ -177,9 +203,12 @@ def gap_table(model, config: TrainConfig, *, contexts: int = 4000, seed: int = 0
     contexts: rows ``name`` and ``name + "_router_bayes"``. Also ``adaptive_opt_kind`` (which
     candidate the optimisation kept), ``adaptive_opt_policy`` (the
     :class:`~fvlib.theory.adaptive_opt.OptimisedPolicy`) and ``adaptive_opt_seconds`` (its cost).
+    A ``contexts`` whose estimated memory (:func:`gap_cost`) is more than there is
+    (:func:`fvlib.resources.available_memory`) raises ``ValueError`` before any work.
     """
     if not get_prior_kind(config.prior).is_tree:
         raise ValueError(f"gap_table needs a tree prior, got {config.prior!r}")
+    check_fits("contexts", contexts, gap_cost(config, contexts)[1])  # the contexts are held on the CPU
     tree = TreePrior(config.depth, config.alpha)
     tau2 = channel_tau2(tree, config.n_ctx, config.noise_std)
     start = time.perf_counter()

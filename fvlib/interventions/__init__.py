@@ -11,7 +11,7 @@ Submodules, in layers from the bottom up; a submodule imports only from the laye
         one read-out per model family, the stream a transplant replaces and a probe reads,
         the level-by-level overlap of a prediction with a path
     attention, patching, probes, router, transplant
-        attention spread; key patching and state patching (sweeps, one cell by level, ratios
+        attention spread; key patching and state patching (sweeps and their cost, one cell by level, ratios
         and summaries of a heatmap); probes and the workspace's principal components; what the
         gated router measures, beside the theory; the function-vector transplant
 
@@ -26,6 +26,7 @@ from .patching import (
     pair_patcher,
     patch_keys,
     patch_level_effect,
+    patching_cost,
     patching_ratio,
     patching_summary,
     patching_sweep,

@@ -19,6 +19,8 @@ the standard transformers, state patching (chapter 11, *Standard transformers*):
   each other), so it has no such analogue and the sweep raises ``ValueError``.
   ``kind="query"`` patches the other side of the pooling: the workspace's query at layer
   ``l`` (``blocks.{l}.hook_queries``), the donor's.
+* :func:`patching_cost` -- the seconds and memory of a sweep, estimated before any work (a
+  sweep refuses a ``contexts`` that cannot fit in memory).
 * :func:`patch_level_effect` -- one cell of the sweep, resolved by tree level.
 * :func:`patching_ratio`, :func:`patching_summary` -- a heatmap read as ratios to the
   unpatched loss of the same targets, summarised after, at and before the split.
@@ -41,6 +43,7 @@ from .._checks import check_int
 from ..hooks import HookedModel, hook_name, replace_with
 from ..models import FVTransformer
 from ..priors import TreePrior
+from ..resources import check_fits
 from ..task import StatisticBatch, TaskBatch, make_generator
 from ..theory import (
     DEFAULT_CHUNK,
@@ -57,6 +60,7 @@ __all__ = [
     "STATE_PATCH_KINDS",
     "patch_keys",
     "pair_patcher",
+    "patching_cost",
     "patching_sweep",
     "key_patching_sweep",
     "state_patching_sweep",
@@ -126,6 +130,39 @@ def pair_patcher(model: HookedModel, read: Readout, kind: str, layers):
     return run_pair
 
 
+#: The cost of :func:`patching_sweep` per context, measured on one core (OMP_NUM_THREADS=1) by
+#: running ``python -m fvlib patch --json`` at 10 and 1000-32000 contexts on runs of model A (the
+#: constrained model at depth 3 with width 16 and 256, depth 5 and 6 with width 256; the
+#: bottlenecked transformer at depth 3, N = 64 and depth 4, N = 32): the slope of the wall time
+#: (0.07, 0.13, 0.7, 1.9 ms; 5.6, 6.2 ms per context, the theory's side included) and of the peak
+#: resident memory (0.7 kB per context at depth 3, a chunk's forward passes beside), which the
+#: formulas of :func:`patching_cost` match within a factor of 2.
+_SECONDS_PER_CONSTRAINED_UNIT = 7e-7
+_SECONDS_PER_TRANSFORMER_UNIT = 3.8e-8
+
+
+def patching_cost(model: HookedModel, tree: TreePrior, n_ctx: int, contexts: int,
+                  chunk: int = DEFAULT_CHUNK) -> tuple[float, float]:
+    """``(seconds, bytes)``: a rough estimate, before any work, of :func:`patching_sweep` of
+    ``model`` on ``contexts`` pairs per split level of ``tree``, on one core (both sides of the
+    CLI's ``patch``: the model's and the theory's). Per pair and split level the model runs
+    ``L + 2`` times (``2 L + 2`` for a standard transformer); the memory is a chunk's forward
+    passes and, per context, the ``K (2 L + 1)`` float64 errors kept (with their copies)."""
+    check_tree(tree)
+    check_int("contexts", contexts, 1)
+    config, K = model.config, tree.depth
+    L, D = config.n_layers, config.dim
+    if isinstance(model, FVTransformer):
+        tokens = 1 if model.reads_statistic else n_ctx
+        per_context = _SECONDS_PER_CONSTRAINED_UNIT * K * (L + 2) * (D + 1) * tokens * (0.5 + config.width / 256)
+        working = 4.0 * (D + 1) * config.width * L * tokens
+    else:
+        per_context = _SECONDS_PER_TRANSFORMER_UNIT * K * (2 * L + 2) * L * n_ctx * config.d_model
+        working = 4.0 * 12 * n_ctx * config.d_model * L
+    kept = 4 * 8.0 * K * (2 * L + 1)
+    return contexts * per_context, contexts * kept + min(contexts, chunk) * working
+
+
 @torch.no_grad()
 def patching_sweep(
     model: HookedModel,
@@ -153,7 +190,9 @@ def patching_sweep(
     only): run donor and target on their pooled statistics, the patched slot being
     ``G_l(Phi_donor) g_target`` (equal to the token path to float rounding, and cheaper); ``None``
     takes it for every model that :attr:`~fvlib.models.FVTransformer.reads_statistic`,
-    ``False`` keeps the tokens (for hooks on the per-token keys).
+    ``False`` keeps the tokens (for hooks on the per-token keys). A ``contexts`` whose estimated
+    memory (:func:`patching_cost`) is more than there is (:func:`fvlib.resources.available_memory`)
+    raises ``ValueError`` before any work.
     """
     if readout is PredictTheta:
         read = readout(model, queries=queries, seed=seed,
@@ -169,6 +208,7 @@ def patching_sweep(
             "state patching needs the bottlenecked arrangement (its context tokens read a separate "
             f"workspace state); got arrangement {model.config.arrangement!r}"
         )
+    check_fits("contexts", contexts, patching_cost(model, tree, n_ctx, contexts, chunk)[1])
     L = model.config.n_layers
     run_pair = pair_patcher(model, read, kind, range(1, L + 1))
     return run_patching_sweep(tree, L, n_ctx, noise_std, contexts, seed, chunk, run_pair)

@@ -457,7 +457,10 @@ def estimate_memory(config: TrainConfig) -> float:
     """A rough peak memory of training ``config``, in bytes, computed before any work: the
     evaluation set and the training batch (``(eval_contexts + 3 batch) N (D + 1)`` float32
     numbers: contexts, their gradients and copies; ``N = 1`` on the pooled statistic), the
-    query tokens, the parameters with their gradients and Adam moments, and for the standard
+    query tokens (none under the expected loss), the parameters with their gradients and Adam
+    moments, for the constrained models the activations of their MLPs (``1.75 batch width
+    (hidden_layers + 1) L`` numbers: the address space training took at ``K = 6``, ``N = 128``,
+    width 256, batch 65536, 2.16 GB, ``VmPeak`` less ``VmSize`` before), and for the standard
     transformers the attention scores (``N^2`` per context and layer). Against measured runs
     (``K = 3`` to ``8``, ``N`` up to 2048, both architectures) it is within a factor of about
     3, which is all the CLI needs to refuse a run that cannot fit.
@@ -465,13 +468,17 @@ def estimate_memory(config: TrainConfig) -> float:
     D = 2**config.depth - 1
     per_context = D + 1 if config.statistic else config.n_ctx * (D + 1)  # what a context holds
     numbers = (config.eval_contexts + 3 * config.batch) * per_context
-    numbers += 3 * config.batch * config.queries * (D + 1)
+    if not config.expected_loss:
+        numbers += 3 * config.batch * config.queries * (D + 1)
     try:  # parameters counted on the meta device: no memory is allocated
         with torch.device("meta"):
             params = sum(p.numel() for p in model_from_config(config.model_config()).parameters())
     except RuntimeError:  # too large for torch to describe
         return math.inf
     numbers += 4 * params
+    if not get_family(config.arch).softmax_attention:
+        model = config.model_config()
+        numbers += 1.75 * config.batch * model.width * (model.hidden_layers + 1) * model.n_layers
     if get_family(config.arch).softmax_attention:
         layers = config.model_config().n_layers
         numbers += config.n_ctx**2 * (512 + 3 * config.batch * layers // 2)  # eval chunk, training

@@ -61,12 +61,13 @@ BAD = [
     (_with(THEORY, "--depth", "14", "--budget", "14", "--optimised"), "--depth 14"),
     (_with(TRAIN, "--batch", "1000000000"), "--batch 1000000000"),
     (_with(TRAIN, "--width", "1000000000"), "--width 1000000000"),
-    (_with(TRAIN, "--queries", "1000000000"), "--queries 1000000000"),
+    # query tokens are drawn only without the expected loss (the default of the constrained models)
+    (_with(TRAIN, "--queries", "1000000000", "--no-expected-loss"), "--queries 1000000000"),
     # on the tokens a long context costs N D numbers per context (on the pooled statistic nothing)
     (_with(TRAIN, "--inputs", "tokens", "--n-ctx", "1000000000"), "--n-ctx 1000000000"),
     (_with(TRAIN, "--inputs", "tokens", "--n-ctx", "1000000000000"), "--n-ctx 1000000000000"),
     (_with(TRAIN, "--arch", "transformer", "--inputs", "statistic"), "--inputs statistic"),
-    (_with(TRAIN, "--depth", "16"), "--depth 16"),
+    (_with(TRAIN, "--depth", "16", "--no-expected-loss"), "--depth 16"),
     (_with(TRAIN, "--arch", "transformer", "--n-ctx", "100000"), "--n-ctx 100000"),
     (_with(TRAIN, "--arch", "transformer", "--width", "1000000000"), "--width 1000000000"),
     # the flag limits

@@ -392,21 +392,27 @@ def test_from_dict_reads_a_config_saved_before_warmup_as_no_warmup():
 
 def test_estimate_memory_counts_what_training_holds():
     """The estimate is the float32 numbers of the evaluation set and the batch plus four copies of
-    the parameters (weights, gradients, two Adam moments): exact in its parts, and it grows with
-    every size flag of the CLI."""
+    the parameters (weights, gradients, two Adam moments) and the activations of the MLPs: exact
+    in its parts, and it grows with every size flag of the CLI (but ``queries`` under the
+    expected loss, which draws no query tokens)."""
     from fvlib.training import build_model, estimate_memory
 
-    config = dataclasses.replace(TINY, queries=1, inputs="tokens")
+    config = dataclasses.replace(TINY, queries=1, inputs="tokens", expected_loss=False)
     D = 2**config.depth - 1
-    params = sum(p.numel() for p in build_model(config).parameters())
+    model = build_model(config)
+    params = sum(p.numel() for p in model.parameters())
+    activations = 1.75 * config.batch * config.width * (config.hidden_layers + 1) * model.config.n_layers
     contexts = (config.eval_contexts + 3 * config.batch) * config.n_ctx * (D + 1) + 3 * config.batch * (D + 1)
-    assert estimate_memory(config) == 4.0 * (contexts + 4 * params)
+    assert estimate_memory(config) == 4.0 * (contexts + 4 * params + activations)
+    expected = dataclasses.replace(config, expected_loss=True)
+    assert estimate_memory(expected) == estimate_memory(config) - 4.0 * 3 * config.batch * (D + 1)
+    assert estimate_memory(dataclasses.replace(expected, queries=10**9)) == estimate_memory(expected)
     for name, value in (("depth", 5), ("n_ctx", 64), ("batch", 64), ("queries", 8), ("width", 64)):
         assert estimate_memory(dataclasses.replace(config, **{name: value})) > estimate_memory(config), name
     # on the pooled statistic a context is D numbers, whatever N
     statistic = dataclasses.replace(config, inputs="statistic")
     contexts = (config.eval_contexts + 3 * config.batch) * (D + 1) + 3 * config.batch * (D + 1)
-    assert estimate_memory(statistic) == 4.0 * (contexts + 4 * params)
+    assert estimate_memory(statistic) == 4.0 * (contexts + 4 * params + activations)
     assert estimate_memory(dataclasses.replace(statistic, n_ctx=10**12)) == estimate_memory(statistic)
     wide = dataclasses.replace(config, arch="transformer", width=10**9)
     assert estimate_memory(wide) == float("inf")  # too large for torch to describe
