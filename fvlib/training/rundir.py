@@ -30,7 +30,7 @@ overwrites a user's own files; an empty or new directory is a fresh run.
 
 **Runs without a manifest.** Directories written before the manifest existed (or whose manifest
 was deleted) cannot be checked file by file: every reader refuses them
-(:class:`UnverifiedRunError`) until :func:`fvlib.training.checkpoint.repair_run` (``train ...
+(:class:`UnverifiedRunError`) until :func:`fvlib.training.repair.repair_run` (``train ...
 --repair``) has checked what can be checked and written the manifest.
 
 **Lock.** :class:`RunLock` takes an exclusive lock (:class:`~fvlib.files.ExclusiveLock`, an
@@ -118,7 +118,7 @@ class CheckpointWriteError(RunDirError):
 
 class UnverifiedRunError(RunDirError):
     """A run directory holds checkpoint files but no manifest to check them against; ``train
-    ... --repair`` (:func:`fvlib.training.checkpoint.repair_run`) checks them and writes one."""
+    ... --repair`` (:func:`fvlib.training.repair.repair_run`) checks them and writes one."""
 
 
 def check_format(payload: dict, expected: str, path: Path) -> None:
