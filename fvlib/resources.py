@@ -2,7 +2,7 @@
 RAM, what the process's address-space limit leaves (``RLIMIT_AS``, ``ulimit -v``) and what its
 cgroup's memory limit leaves; a CUDA device's free memory. The library refuses work that cannot
 fit (:func:`check_fits`, a ``ValueError`` naming the argument) and the command line refuses it
-before any work (:mod:`fvlib.cli.limits`).
+before any work (``fvlib.cli.limits``).
 
 Each source is read where the system says it (Linux's ``/proc`` and ``/sys/fs/cgroup``, POSIX
 ``sysconf`` and ``resource``); a source that says nothing counts as ``inf``.

@@ -8,8 +8,8 @@ their cost first (``fvlib.cli.limits``); ``train`` shows its progress. The flags
 that set the run are the fields of :class:`~fvlib.training.config.TrainConfig`, whose own checks judge
 them. JSON output holds ``null`` where a number is not finite, never a bare ``NaN`` or
 ``Infinity``.
-Flags are taken in full and once (:class:`~fvlib.cli.argtypes.OneLineParser`); a ``train`` flag
-typed that would change nothing in the run is refused (:mod:`fvlib.cli.train_flags`). Ctrl-C
+Flags are taken in full and once (``fvlib.cli.argtypes.OneLineParser``); a ``train`` flag
+typed that would change nothing in the run is refused (``fvlib.cli.train_flags``). Ctrl-C
 during ``train`` checkpoints the run at its current step and exits 130, saying that the same
 command resumes it.
 

@@ -83,7 +83,7 @@ def train(args) -> dict:
     """Train the run the flags describe (:func:`fvlib.cli.train_flags.train_config`) into ``--out``,
     once it is known to fit in memory and ``--out`` to be writable and a run directory (or
     empty); ``--repair`` first checks a run without manifest and writes one
-    (:func:`fvlib.training.repair_run`), saying each check on stderr."""
+    (:func:`fvlib.training.repair.repair_run`), saying each check on stderr."""
     from ..training import RunConfigMismatch, RunDirError, check_run_dir, repair_run
     from ..training import train as train_run
 

@@ -117,8 +117,8 @@ def json_values(tree, where: str):
     return tree
 
 
-#: The fields of an evaluation in a run's history: ``train_loss`` is null at step 0 (nothing
-#: trained yet); every other is a finite number.
+#: The fields of an evaluation in a run's history (``train_loss`` is null at step 0, nothing
+#: trained yet; every other is a finite number).
 HISTORY_FIELDS = ("step", "lr", "train_loss", "eval_excess_loss", "eval_stderr", "eval_query_loss", "seconds")
 
 
@@ -218,7 +218,7 @@ class Provenance:
 class RunRecord:
     """One stored run (:mod:`fvlib.experiments.runner`): labels, complete config, final numbers,
     attempts, evaluation history (:data:`HISTORY_FIELDS` per evaluation), analyses, provenance.
-    :meth:`from_dict` checks every field's type (a finite number where a number is due), and that
+    :meth:`RunRecord.from_dict` checks every field's type (a finite number where a number is due), and that
     the final loss is the last evaluation's and the last attempt's."""
 
     key: str

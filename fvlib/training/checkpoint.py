@@ -256,7 +256,7 @@ def load_run(run_dir: str | os.PathLike) -> tuple[FVTransformer, TrainConfig, li
             a list of evaluations, a config or manifest of an unknown format or version, or files
             from different checkpoints; the message names the path.
             :class:`~fvlib.training.rundir.UnverifiedRunError` for a run without manifest (until
-            :func:`fvlib.training.repair_run`).
+            :func:`fvlib.training.repair.repair_run`).
     """
     run_dir = _existing_run_dir(run_dir)
     stored = read_stored(run_dir)
