@@ -218,7 +218,7 @@ class Provenance:
 class RunRecord:
     """One stored run (:mod:`fvlib.experiments.runner`): labels, complete config, final numbers,
     attempts, evaluation history (:data:`HISTORY_FIELDS` per evaluation), analyses, provenance.
-    :meth:`RunRecord.from_dict` checks every field's type (a finite number where a number is due), and that
+    ``RunRecord.from_dict`` checks every field's type (a finite number where a number is due), and that
     the final loss is the last evaluation's and the last attempt's."""
 
     key: str
