@@ -177,8 +177,10 @@ def warm(args) -> dict:
 
 def patch(args) -> dict:
     """The key-patching heatmap of a trained tree-prior run (its state-patching analogue for a
-    bottlenecked transformer) beside the theory's on the same pairs; refused before any work when
-    ``--contexts`` cannot fit or finish (:func:`fvlib.interventions.patching_cost`)."""
+    bottlenecked transformer) beside the greedy theory's on the same pairs, both references of
+    :mod:`fvlib.theory.patching_policies` (``theory_loss``: aware, ``theory_loss_unaware``);
+    refused before any work when ``--contexts`` cannot fit or finish
+    (:func:`fvlib.interventions.patching_cost`)."""
     from ..interventions import key_patching_sweep, patching_cost, state_patching_sweep
     from ..theory import theory_patching_sweep
     from ..training import build_prior
@@ -196,12 +198,14 @@ def patch(args) -> dict:
     kw = {"contexts": args.contexts, "seed": args.seed}
     sweep = state_patching_sweep if family.softmax_attention else key_patching_sweep
     model_side = sweep(model, prior, config.n_ctx, config.noise_std, **kw)
-    theory_side = theory_patching_sweep(prior, config.n_ctx, config.noise_std, model.config.n_layers, **kw)
+    aware, unaware = (theory_patching_sweep(prior, config.n_ctx, config.noise_std, model.config.n_layers,
+                                            reference=reference, **kw) for reference in ("aware", "unaware"))
     return {
         "baseline": model_side.baseline,
         "loss": model_side.loss.tolist(),
-        "theory_loss": theory_side.loss.tolist(),
-        "theory_baseline": theory_side.baseline,
+        "theory_loss": aware.loss.tolist(),
+        "theory_loss_unaware": unaware.loss.tolist(),
+        "theory_baseline": aware.baseline,
         "stderr": model_side.stderr.tolist(),
         "split_levels": model_side.split_levels,
         "layers": model_side.layers,

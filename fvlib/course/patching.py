@@ -259,7 +259,7 @@ def check_patching_sweep(
       measures: the qualitative shape, compared with
       :func:`fvlib.theory.patching.ideal_patching_mask` (``l > m``).
 
-    Reference: :func:`fvlib.theory.patching.theory_patching_sweep` with ``contexts`` pairs and
+    Reference: :func:`fvlib.theory.patching_policies.theory_patching_sweep` with ``contexts`` pairs and
     ``seed``. A numeric answer passes when every cell is within
     ``z * sqrt(2) * stderr + atol`` of the reference (``sqrt(2)``: the student's heatmap has its
     own Monte Carlo error of about the same size). Recognised mistakes: a transposed heatmap,

@@ -1,8 +1,9 @@
 """Causal interventions and probes on trained models (chapter 9, *Inside the model*; chapter 10,
 *Causal interventions*; chapter 11, *Standard transformers*), written once for both model
 families and specialised by a read-out of ``theta_hat`` (``predict_theta`` for the constrained
-models, ``effective_theta`` for the standard transformers). The donor/target pairs, the sweep
-they share with the theory and the theory's side of key patching are :mod:`fvlib.theory.patching`.
+models, ``effective_theta`` for the standard transformers). The donor/target pairs and the sweep
+they share with the theory are :mod:`fvlib.theory.patching`; the theory's side of key patching (the
+aware and unaware references) is :mod:`fvlib.theory.patching_policies`.
 
 Submodules, in layers from the bottom up; a submodule imports only from the layers below it
 (``tests/core/test_import_layers.py`` checks this)::

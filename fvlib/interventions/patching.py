@@ -5,7 +5,7 @@ the standard transformers, state patching (chapter 11, *Standard transformers*):
 * :func:`key_patching_sweep` -- run the donor, cache its keys at layer ``l``, run the target
   with those keys, measure the target's excess loss; sweep ``(m, l)`` into a heatmap
   ``loss[m - 1, l - 1]`` (a :class:`~fvlib.theory.patching.PatchingResult`, on the pairs of
-  :func:`fvlib.theory.patching.theory_patching_sweep` with the same ``seed``).
+  :func:`fvlib.theory.patching_policies.theory_patching_sweep` with the same ``seed``).
 * :func:`state_patching_sweep` -- the key-patching analogue on a standard transformer,
   bottlenecked arrangement only. What context token ``i`` sends at layer ``l`` is its key
   ``k_i`` and its rank-``d`` value ``v_i``, both functions of its stream, i.e. of its own
@@ -182,7 +182,7 @@ def patching_sweep(
     read through ``readout``: ``loss[m - 1, l - 1]`` is ``E|theta_hat - theta_target|^2``.
 
     ``contexts`` donor/target pairs per split level (the same pairs for every layer, and those of
-    :func:`fvlib.theory.patching.theory_patching_sweep` with the same ``seed``); ``queries``
+    :func:`fvlib.theory.patching_policies.theory_patching_sweep` with the same ``seed``); ``queries``
     probe queries per context for :class:`~fvlib.interventions.readout.EffectiveTheta`.
     ``kind`` is one of the read-out's ``patch_kinds``: ``"keys"`` (the constrained models),
     ``"sent"`` or ``"query"`` (the bottlenecked standard transformers; module docs). Used as
@@ -309,7 +309,7 @@ def patch_level_effect(
     prediction level by level (one cell of the sweep, resolved by tree level).
 
     With ``model`` the trained model is patched (as in :func:`key_patching_sweep`); without it
-    the greedy theory policy of depth ``n_layers`` (as in :func:`fvlib.theory.patching.theory_patching_sweep`).
+    the greedy theory policy of depth ``n_layers`` (as in :func:`fvlib.theory.patching_policies.theory_patching_sweep`).
     ``contexts`` pairs drawn with ``seed``.
     """
     check_tree(tree)

@@ -1,7 +1,7 @@
 """Figures for causal interventions: key patching and workspace transplant (chapter 10,
 *Causal interventions*; the book's appendix *Conventions*, section "Donor, target and the split level").
 
-They draw the results of :mod:`fvlib.interventions` and :mod:`fvlib.theory.patching` (sweeps,
+They draw the results of :mod:`fvlib.interventions` and :mod:`fvlib.theory.patching_policies` (sweeps,
 transplants, probes, and the ratios and summaries of a sweep:
 :func:`fvlib.interventions.patching.patching_ratio`,
 :func:`fvlib.interventions.patching.patching_summary`) and of :mod:`fvlib.interventions.probes`:
@@ -211,7 +211,7 @@ def plot_probe_heatmap(result, ax=None, title: str | None = None, colorbar: bool
 # One row of the theory heatmap against the context length
 # ----------------------------------------------------------------------------------------
 def plot_patching_row(row, ax=None, figsize=(6.4, 3.6)):
-    """Draw a :class:`fvlib.theory.patching.PatchingRow`: the patched loss of the greedy theory at every
+    """Draw a :class:`fvlib.theory.patching_policies.PatchingRow`: the patched loss of the greedy theory at every
     layer ``l > m`` against the context length ``N`` (log-log, error bars ``+-2`` s.e.), the
     unpatched loss of the same targets (grey; it goes to 0 as ``N`` grows, and its points below a
     tenth of the smallest patched loss are left out so the axis stays readable), and

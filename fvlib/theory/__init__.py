@@ -21,7 +21,11 @@ Submodules, in layers from the bottom up; a submodule imports only from the laye
     baselines, patching
         the table of all baselines (strategies, closed forms, the DP optimum): the CLI's
         ``theory`` command; the theory of key patching (donor/target pairs, the sweep shared
-        with the models' interventions, the greedy policy patched, its noise-free pattern)
+        with the models' interventions, the noise-free pattern)
+    patching_policies
+        the theory policies patched as the models are, greedy or any direction policy: the
+        aware reference (it knows what was patched) and the unaware one (it reads the patched
+        slot as its own measurement, as a network does); their heatmaps and one row against N
 
 Every public name of the submodules is importable from ``fvlib.theory``.
 """
@@ -72,16 +76,23 @@ from .fits import DecayFit, fit_decay
 from .patching import (
     DEFAULT_CHUNK,
     PatchingResult,
-    PatchingRow,
     check_tree,
     chunk_sizes,
     donor_signs,
-    greedy_patcher,
     ideal_patching_mask,
     noisefree_patching_loss,
     patching_pairs,
     run_patching_sweep,
     sample_pair_statistics,
+)
+from .patching_policies import (
+    PATCHING_REFERENCES,
+    PatchingRow,
+    check_reference,
+    greedy_patcher,
+    pair_channels,
+    patched_greedy_runs,
+    policy_patcher,
     theory_patching_row,
     theory_patching_sweep,
 )

@@ -169,7 +169,7 @@ class FixedRows:
 
 
 def policy_rollout(tree: TreePrior, policy, channel, n_layers: int, tau2: float,
-                   forced: dict | None = None) -> PolicyRollout:
+                   forced: dict | None = None, readings: dict | None = None) -> PolicyRollout:
     """Run a direction policy for ``n_layers`` layers and decode exactly (see the module docs).
 
     Args:
@@ -179,7 +179,13 @@ def policy_rollout(tree: TreePrior, policy, channel, n_layers: int, tau2: float,
             readings are linear functions of one statistic per context).
         tau2: the channel variance of the likelihood.
         forced: optional ``{layer: rows (B, D)}`` with 1-based layers; at those layers these
-            rows are measured instead of the policy's (key patching, chapter 10).
+            rows are measured instead of the policy's, and the likelihood knows it (the *aware*
+            key patching of chapter 10).
+        readings: optional ``{layer: phis (B,)}`` with 1-based layers; at those layers the policy
+            chooses its own row but its workspace slot holds the given reading, which it takes
+            for that row's measurement in every later choice and in the likelihood (the
+            *unaware* key patching: a network only sees its workspace). With ``readings`` every
+            likelihood term is computed from the workspace readings, not from the channel.
     Differentiable in the policy's parameters.
     """
     check_tree_prior("tree", tree)
@@ -195,26 +201,45 @@ def policy_rollout(tree: TreePrior, policy, channel, n_layers: int, tau2: float,
     log_w = uniform_log_weights(tree, B)
     measured = torch.zeros(B, D, dtype=torch.bool)
     basis = torch.zeros(B, 0, D, dtype=torch.float64)
-    rows, phis = [], []
+    rows, phis, us = [], [], torch.zeros(B, 0, dtype=torch.float64)
     for step in range(n_layers):
         if forced and (step + 1) in forced:
             w = torch.as_tensor(forced[step + 1], dtype=torch.float64).expand(B, D)
         else:
             w = policy.direction(step, torch.stack(phis, 1) if phis else basis[:, :, 0], log_w, measured)
         w = _unit(w)
-        q = w - torch.einsum("bkd,bk->bd", basis, torch.einsum("bkd,bd->bk", basis, w))
+        overlaps = torch.einsum("bkd,bd->bk", basis, w)
+        q = w - torch.einsum("bkd,bk->bd", basis, overlaps)
         r = q.norm(dim=-1, keepdim=True)
         new = r > _SPAN_EPS
         q = torch.where(new, q / r.clamp_min(_SPAN_EPS), torch.zeros_like(q))
-        u = channel.measure(q[:, None, :])[:, 0]
+        if readings and (step + 1) in readings:
+            phi = torch.as_tensor(readings[step + 1], dtype=torch.float64)
+        else:
+            phi = channel.measure(w[:, None, :])[:, 0]
+        if readings:
+            u = _workspace_coordinate(phi, overlaps, us, r, new)
+        else:
+            u = channel.measure(q[:, None, :])[:, 0]
         t = q @ leaves.T  # (B, J): q . theta_j
         log_w = log_w + (u[:, None] * t - 0.5 * t * t) / tau2
         basis = torch.cat([basis, q[:, None, :]], dim=1)
+        us = torch.cat([us, u[:, None]], dim=1)
         measured = measured | (w.detach() > 1 - 1e-12)
         rows.append(w)
-        phis.append(channel.measure(w[:, None, :])[:, 0])
+        phis.append(phi)
     theta_hat = tree_posterior_mean(tree, posterior_probs(log_w))
     return PolicyRollout(torch.stack(rows, 1), torch.stack(phis, 1), log_w, theta_hat)
+
+
+def _workspace_coordinate(phi, overlaps, us, r, new) -> torch.Tensor:
+    """The reading along the new orthonormal direction ``q = (w - sum_k (b_k . w) b_k) / r`` as
+    the workspace implies it: ``u = (phi - sum_k (b_k . w) u_k) / r`` with ``phi (B,)`` the
+    reading taken for ``w . g``, ``overlaps (B, k)`` the ``b_k . w``, ``us (B, k)`` the earlier
+    ``u_k`` and ``r (B, 1)`` (zero where ``w`` adds no direction, ``new`` false). Equal to
+    ``q . g`` when every reading is true."""
+    u = (phi - (overlaps * us).sum(-1)) / r[:, 0].clamp_min(_SPAN_EPS)
+    return torch.where(new[:, 0], u, torch.zeros_like(u))
 
 
 @dataclass
@@ -233,10 +258,11 @@ class OptimisedPolicy:
     validation: dict = field(default_factory=dict)
     seconds: float = 0.0
 
-    def rollout(self, tree: TreePrior, channel, tau2: float, forced: dict | None = None) -> PolicyRollout:
+    def rollout(self, tree: TreePrior, channel, tau2: float, forced: dict | None = None,
+                readings: dict | None = None) -> PolicyRollout:
         """:func:`policy_rollout` of the kept policy (no gradients)."""
         with torch.no_grad():
-            return policy_rollout(tree, self.policy, channel, self.learned.n_layers, tau2, forced)
+            return policy_rollout(tree, self.policy, channel, self.learned.n_layers, tau2, forced, readings)
 
 
 def _gaussian_statistic(tree: TreePrior, batch: int, tau2: float, gen: torch.Generator):

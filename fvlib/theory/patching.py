@@ -1,6 +1,7 @@
 """The theory of key patching (chapter 10, *Causal interventions*): donor and target contexts,
-the sweep that scores a patch on every split level and layer, the greedy theory policy patched
-as the model is, its noise-free pattern and one heatmap row against the context length.
+the sweep that scores a patch on every split level and layer, and the noise-free pattern. The
+theory policies patched as the models are (the *aware* and *unaware* references) are in
+:mod:`fvlib.theory.patching_policies`.
 
 Donor and target contexts share their inputs ``x_i`` (and query ``x_q``) but come from
 different leaves. The *split level* ``m`` (1..K) is the first level at which the two *paths*
@@ -12,16 +13,15 @@ appendix *Conventions*, section "Donor, target and the split level".
 * :func:`patching_pairs` -- the donor/target pairs (:func:`donor_signs` draws the donor's path);
 * :func:`run_patching_sweep` -- draws the pairs of every split level (seeded, chunked) and
   scores a patcher on them into a :class:`PatchingResult`; the models' sweeps
-  (:mod:`fvlib.interventions`) and :func:`theory_patching_sweep` share it, so both see the
-  very same pairs;
-* :func:`theory_patching_sweep` -- the heatmap of the greedy theory policy (or any direction
-  policy): its "keys" at layer ``l`` are the node (direction) it measures there;
+  (:mod:`fvlib.interventions`) and :func:`fvlib.theory.patching_policies.theory_patching_sweep`
+  share it, so both see the very same pairs;
 * :func:`ideal_patching_mask` -- the ideal pattern: the patch changes what the target measures
   exactly when ``l > m``;
 * :func:`noisefree_patching_loss` -- without channel noise a later outcome reveals the skipped
   sign, so a patch at ``l > m`` costs the greedy policy only ``alpha^(K-1) / 2^(K-l)``;
-* :func:`theory_patching_row` -- with noise the early patches can cost more: one row of the
-  heatmap against ``N`` (:class:`PatchingRow`), from :func:`sample_pair_statistics`.
+* :func:`sample_pair_statistics` -- the finite-``N`` statistics of a donor and a target that
+  share their inputs, in ``O(N + D)`` per pair (one heatmap row against ``N``,
+  :func:`fvlib.theory.patching_policies.theory_patching_row`).
 
 Conventions: layers ``l = 1..L`` (1-based, as in the hook names ``blocks.{l}``) are stored in
 column ``l - 1``; split levels ``m = 1..K`` in row ``m - 1``; tree levels ``k = 0..K-1`` as in
@@ -32,7 +32,6 @@ the Monte Carlo controls (``contexts``, ``seed``, ``chunk``).
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass, replace
 
 import torch
@@ -41,10 +40,6 @@ from .._checks import check_int
 from ..priors import TreePrior, check_tree_prior
 from ..stats import mean_and_stderr, squared_error
 from ..task import TaskBatch, check_task_args, make_generator, sample_task
-from .adaptive_opt import OptimisedPolicy, policy_rollout
-from .channel import FiniteSampleChannel
-from .closed_forms import channel_tau2
-from .strategies import run_greedy
 
 __all__ = [
     "DEFAULT_CHUNK",
@@ -54,12 +49,8 @@ __all__ = [
     "patching_pairs",
     "PatchingResult",
     "run_patching_sweep",
-    "greedy_patcher",
-    "theory_patching_sweep",
     "noisefree_patching_loss",
     "sample_pair_statistics",
-    "PatchingRow",
-    "theory_patching_row",
     "ideal_patching_mask",
 ]
 
@@ -170,8 +161,9 @@ class PatchingResult:
 def run_patching_sweep(tree, n_layers, n_ctx, noise_std, contexts, seed, chunk, run_pair) -> PatchingResult:
     """Draw ``contexts`` donor/target pairs per split level ``m = 1..K`` (seeded, chunked) and
     score ``run_pair(target, donor) -> (clean theta_hat, [patched theta_hat per layer], target,
-    donor)`` (:func:`greedy_patcher` here, :func:`fvlib.interventions.patching.pair_patcher` for
-    the models); shared by the model and theory sweeps so both see the same pairs."""
+    donor)`` (:func:`fvlib.theory.patching_policies.greedy_patcher` for the theory,
+    :func:`fvlib.interventions.patching.pair_patcher` for the models); shared by the model and
+    theory sweeps so both see the same pairs."""
     check_tree(tree)
     check_int("contexts", contexts, 1)
     K, L = tree.depth, n_layers
@@ -210,83 +202,6 @@ def _collect_sweep(baseline, target_err, donor_err, contexts: int) -> PatchingRe
         donor_loss=donor_errors.mean(-1),
         n_contexts=contexts,
     )
-
-
-def theory_patching_sweep(
-    tree: TreePrior,
-    n_ctx: int,
-    noise_std: float,
-    n_layers: int,
-    *,
-    contexts: int = 2000,
-    seed: int = 0,
-    chunk: int = DEFAULT_CHUNK,
-    policy=None,
-) -> PatchingResult:
-    """The key-patching heatmap of a theory policy (greedy by default), on the same pairs as the model's.
-
-    Each layer of the policy measures one node from the context's statistic
-    ``g_hat = (1/N) sum_i y_i x_i`` and decodes with the exact posterior. The donor's "keys" at
-    layer ``l`` are the node it measures there; patching makes the target measure the donor's
-    node at layer ``l`` (its own ``y_i`` are pooled), after which the target follows its own
-    greedy policy. Pairs are drawn exactly as in
-    :func:`fvlib.interventions.patching.key_patching_sweep` with the same ``seed``, so the two
-    heatmaps compare the same contexts. ``n_layers`` is the policy's depth
-    (the model's ``L``).
-
-    ``policy``: another direction policy instead of greedy, e.g. the optimised adaptive policy
-    (an :class:`~fvlib.theory.adaptive_opt.OptimisedPolicy`, or anything
-    :func:`~fvlib.theory.adaptive_opt.policy_rollout` runs). Its "keys" at layer ``l`` are the
-    direction it measures there: the target measures the donor's layer-``l`` direction and then
-    follows its own policy, decoded exactly.
-    """
-    check_int("n_layers", n_layers, 1)
-    tau2 = channel_tau2(tree, n_ctx, noise_std)
-    layers = range(1, n_layers + 1)
-    if policy is None:
-        patcher = greedy_patcher(tree, n_layers, tau2, layers)
-    else:
-        patcher = _policy_patcher(tree, n_layers, tau2, layers, policy)
-    return run_patching_sweep(tree, n_layers, n_ctx, noise_std, contexts, seed, chunk, patcher)
-
-
-def greedy_patcher(tree: TreePrior, n_layers: int, tau2: float, layers):
-    """``run_pair(target, donor) -> (clean theta_hat, [patched theta_hat for l in layers], target,
-    donor)`` for :func:`run_patching_sweep`, for the greedy theory policy of depth ``n_layers``
-    (channel variance ``tau2``): "keys" at layer ``l`` are the node measured there, so the
-    target is forced to measure the donor's layer-``l`` node."""
-
-    def run_pair(target, donor):
-        target_chan = FiniteSampleChannel(target.to("cpu", torch.float64).sufficient_statistic())
-        donor_chan = FiniteSampleChannel(donor.to("cpu", torch.float64).sufficient_statistic())
-        donor_nodes = run_greedy(tree, donor_chan, n_layers, tau2).nodes
-        clean = run_greedy(tree, target_chan, n_layers, tau2).theta_hat
-        patched = [
-            run_greedy(tree, target_chan, n_layers, tau2, forced={l: donor_nodes[:, l - 1]}).theta_hat
-            for l in layers
-        ]
-        return clean, patched, target, donor
-
-    return run_pair
-
-
-def _policy_patcher(tree: TreePrior, n_layers: int, tau2: float, layers, policy):
-    """The same for any direction policy: "keys" at layer ``l`` are the direction measured there."""
-    rule = policy.policy if isinstance(policy, OptimisedPolicy) else policy
-
-    def run_pair(target, donor):
-        target_chan = FiniteSampleChannel(target.to("cpu", torch.float64).sufficient_statistic())
-        donor_chan = FiniteSampleChannel(donor.to("cpu", torch.float64).sufficient_statistic())
-        with torch.no_grad():
-            donor_rows = policy_rollout(tree, rule, donor_chan, n_layers, tau2).directions
-            clean = policy_rollout(tree, rule, target_chan, n_layers, tau2).theta_hat
-            patched = [
-                policy_rollout(tree, rule, target_chan, n_layers, tau2, forced={l: donor_rows[:, l - 1]}).theta_hat
-                for l in layers
-            ]
-        return clean, patched, target, donor
-
-    return run_pair
 
 
 # ----------------------------------------------------------------------------------------
@@ -396,126 +311,6 @@ def sample_pair_statistics(
     g_t = (s_ay * u1 + s_by * u2 + root * z1) / n_ctx
     g_d = (s_ay2 * u1 + s_by2 * u2 + cross * z1 + tail * z2) / n_ctx
     return g_t, g_d
-
-
-@dataclass
-class PatchingRow:
-    """One row (split level ``m``) of the greedy theory's key-patching heatmap at several
-    context lengths ``N``.
-
-    Attributes:
-        n_ctx: ``(n,)`` context lengths, increasing.
-        loss: ``(n, L)``; ``loss[i, l - 1]`` is the target's excess loss at ``N = n_ctx[i]`` when
-            its measured node at layer ``l`` is replaced by the donor's.
-        stderr: ``(n, L)`` standard errors of ``loss``.
-        step_stderr: ``(n, L - 1)``; column ``l - 1`` is the standard error of
-            ``loss[:, l] - loss[:, l - 1]`` (layer ``l + 1`` minus layer ``l``), paired on the
-            same targets (usually much smaller than the two cells' errors added).
-        baseline: ``(n,)``, the unpatched loss of the same targets; ``baseline_stderr`` its error.
-        noisefree: ``(L,)``, :func:`noisefree_patching_loss` (``None`` when ``L != K``).
-        split_level, noise_std, n_contexts: the row ``m``, the label noise ``sigma`` and the
-            donor/target pairs per context length (the same leaves at every ``N``).
-    """
-
-    n_ctx: torch.Tensor
-    loss: torch.Tensor
-    stderr: torch.Tensor
-    step_stderr: torch.Tensor
-    baseline: torch.Tensor
-    baseline_stderr: torch.Tensor
-    noisefree: torch.Tensor | None
-    split_level: int
-    noise_std: float
-    n_contexts: int
-
-    @property
-    def ratio(self) -> torch.Tensor:
-        """``(n, L)`` patched over unpatched loss (the heatmap's ratio)."""
-        return self.loss / self.baseline[:, None]
-
-    def to_dict(self) -> dict:
-        return {
-            "n_ctx": self.n_ctx.tolist(),
-            "loss": self.loss.tolist(),
-            "stderr": self.stderr.tolist(),
-            "step_stderr": self.step_stderr.tolist(),
-            "baseline": self.baseline.tolist(),
-            "baseline_stderr": self.baseline_stderr.tolist(),
-            "noisefree": None if self.noisefree is None else self.noisefree.tolist(),
-            "split_level": self.split_level,
-            "noise_std": self.noise_std,
-            "n_contexts": self.n_contexts,
-        }
-
-
-def _check_n_ctx_values(n_ctx_values) -> list[int]:
-    """Context lengths as a list of positive, strictly increasing integers."""
-    message = f"n_ctx_values must be a non-empty increasing sequence of positive integers, got {n_ctx_values!r}"
-    try:
-        values = [operator.index(n) for n in n_ctx_values]
-    except TypeError:
-        raise ValueError(message) from None
-    if (not values or any(isinstance(n, bool) for n in n_ctx_values) or values[0] < 1
-            or any(b <= a for a, b in zip(values, values[1:]))):
-        raise ValueError(message)
-    return values
-
-
-def theory_patching_row(
-    tree: TreePrior,
-    n_ctx_values,
-    noise_std: float,
-    n_layers: int,
-    *,
-    split_level: int = 1,
-    contexts: int = 200,
-    seed: int = 0,
-) -> PatchingRow:
-    """Row ``m = split_level`` of :func:`theory_patching_sweep` at every ``N`` in ``n_ctx_values``.
-
-    ``contexts`` donor/target leaf pairs (split at ``split_level``, drawn once with ``seed``
-    and reused at every ``N``); for each ``N`` their statistics come from
-    :func:`sample_pair_statistics` (shared inputs, so long contexts cost ``O(N)`` per pair),
-    the donor's greedy rollout gives its nodes, and the target is rerun with the donor's node
-    forced at each layer ``l``, exactly as in :func:`theory_patching_sweep` (whose pairs it
-    does not reproduce: the random streams differ).
-    """
-    check_tree(tree)
-    check_int("contexts", contexts, 1)
-    check_int("n_layers", n_layers, 1)
-    values = _check_n_ctx_values(n_ctx_values)
-    generator = make_generator(seed)
-    target_signs = tree.sample_signs(contexts, generator)
-    donor = donor_signs(tree, target_signs, split_level, generator)
-    theta_t, theta_d = tree.theta_from_signs(target_signs), tree.theta_from_signs(donor)
-    losses, errors, steps, bases, base_errors = [], [], [], [], []
-    for i, n in enumerate(values):
-        g_t, g_d = sample_pair_statistics(theta_t, theta_d, n, noise_std, make_generator(seed + 1 + i))
-        tau2 = channel_tau2(tree, n, noise_std)
-        target_chan, donor_chan = FiniteSampleChannel(g_t), FiniteSampleChannel(g_d)
-        donor_nodes = run_greedy(tree, donor_chan, n_layers, tau2).nodes
-        clean = run_greedy(tree, target_chan, n_layers, tau2).theta_hat
-        patched = torch.stack([
-            _sq_error(run_greedy(tree, target_chan, n_layers, tau2, forced={l: donor_nodes[:, l - 1]}).theta_hat,
-                      theta_t)
-            for l in range(1, n_layers + 1)
-        ])  # (L, B)
-        mean, err = mean_and_stderr(patched)
-        base, base_err = mean_and_stderr(_sq_error(clean, theta_t))
-        losses.append(mean), errors.append(err), bases.append(base), base_errors.append(base_err)
-        steps.append(mean_and_stderr(patched[1:] - patched[:-1])[1])
-    return PatchingRow(
-        n_ctx=torch.tensor(values),
-        loss=torch.stack(losses),
-        stderr=torch.stack(errors),
-        step_stderr=torch.stack(steps),
-        baseline=torch.stack(bases),
-        baseline_stderr=torch.stack(base_errors),
-        noisefree=noisefree_patching_loss(tree, split_level, n_layers) if n_layers == tree.depth else None,
-        split_level=split_level,
-        noise_std=float(noise_std),
-        n_contexts=contexts,
-    )
 
 
 def ideal_patching_mask(depth: int, n_layers: int) -> torch.Tensor:

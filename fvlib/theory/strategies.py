@@ -108,7 +108,8 @@ class Rollout:
     theta_hat: torch.Tensor
 
 
-def run_greedy(tree: TreePrior, channel, n_layers: int, tau2: float, forced: dict | None = None) -> Rollout:
+def run_greedy(tree: TreePrior, channel, n_layers: int, tau2: float, forced: dict | None = None,
+               readings: dict | None = None) -> Rollout:
     """Run the greedy adaptive policy for ``n_layers`` steps.
 
     Args:
@@ -116,7 +117,12 @@ def run_greedy(tree: TreePrior, channel, n_layers: int, tau2: float, forced: dic
             :class:`~fvlib.theory.channel.GaussianChannel` over ``B`` contexts.
         tau2: the channel variance used in the likelihood.
         forced: optional ``{layer: nodes (B,)}`` with 1-based layers; at those layers the given
-            nodes are measured instead of the greedy choice (the key-patching intervention).
+            nodes are measured instead of the greedy choice, and the posterior knows it (the
+            *aware* key-patching intervention).
+        readings: optional ``{layer: phis (B,)}`` with 1-based layers; at those layers the
+            policy chooses its own node but records the given reading, which it then takes for
+            that node's measurement (the *unaware* key-patching intervention: the workspace
+            slot is overwritten, as in a network that only sees its workspace).
     """
     check_tree_prior("tree", tree)
     check_budget("budget", n_layers, tree.depth)
@@ -130,7 +136,10 @@ def run_greedy(tree: TreePrior, channel, n_layers: int, tau2: float, forced: dic
             node = torch.as_tensor(forced[step + 1]).long()
         else:
             node = greedy_action(tree, log_w, step, measured)
-        phi = channel.measure_nodes(node)
+        if readings and (step + 1) in readings:
+            phi = torch.as_tensor(readings[step + 1], dtype=torch.float64)
+        else:
+            phi = channel.measure_nodes(node)
         log_w = update_with_node(tree, log_w, node, phi, tau2)
         measured[torch.arange(batch), node] = True
         nodes.append(node)
