@@ -182,7 +182,7 @@ def patch(args) -> dict:
     refused before any work when ``--contexts`` cannot fit or finish
     (:func:`fvlib.interventions.patching_cost`)."""
     from ..interventions import key_patching_sweep, patching_cost, state_patching_sweep
-    from ..theory import theory_patching_sweep
+    from ..theory import theory_patching_references
     from ..training import build_prior
 
     model, config = _load_run(args.run)
@@ -198,8 +198,8 @@ def patch(args) -> dict:
     kw = {"contexts": args.contexts, "seed": args.seed}
     sweep = state_patching_sweep if family.softmax_attention else key_patching_sweep
     model_side = sweep(model, prior, config.n_ctx, config.noise_std, **kw)
-    aware, unaware = (theory_patching_sweep(prior, config.n_ctx, config.noise_std, model.config.n_layers,
-                                            reference=reference, **kw) for reference in ("aware", "unaware"))
+    theory = theory_patching_references(prior, config.n_ctx, config.noise_std, model.config.n_layers, **kw)
+    aware, unaware = theory["aware"], theory["unaware"]
     return {
         "baseline": model_side.baseline,
         "loss": model_side.loss.tolist(),

@@ -93,6 +93,7 @@ from .patching_policies import (
     pair_channels,
     patched_greedy_runs,
     policy_patcher,
+    theory_patching_references,
     theory_patching_row,
     theory_patching_sweep,
 )

@@ -25,6 +25,7 @@ heatmaps), or ``"gaussian"``, the large-``N`` channel ``g = theta + tau z`` with
 * :func:`greedy_patcher`, :func:`policy_patcher` -- the ``run_pair`` of the greedy policy and
   of any direction policy (e.g. an :class:`~fvlib.theory.adaptive_opt.OptimisedPolicy`);
 * :func:`theory_patching_sweep` -- the heatmap (a :class:`~fvlib.theory.patching.PatchingResult`);
+  :func:`theory_patching_references` -- the heatmaps of both references in one pass over the pairs;
 * :func:`theory_patching_row` -- one row of the greedy heatmap against the context length
   (:class:`PatchingRow`), from :func:`~fvlib.theory.patching.sample_pair_statistics`.
 """
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -46,6 +47,7 @@ from .channel import FiniteSampleChannel
 from .closed_forms import channel_tau2
 from .patching import (
     DEFAULT_CHUNK,
+    PatchingResult,
     check_tree,
     donor_signs,
     noisefree_patching_loss,
@@ -62,12 +64,14 @@ __all__ = [
     "greedy_patcher",
     "policy_patcher",
     "theory_patching_sweep",
+    "theory_patching_references",
     "PatchingRow",
     "theory_patching_row",
 ]
 
-#: What a patched theory policy knows of the patch: ``"aware"`` (its posterior is told which node
-#: slot ``l`` measured) or ``"unaware"`` (it reads slot ``l`` as its own node's, as a network does).
+#: The two references, by what a patched theory policy knows of the patch. With ``"aware"`` its
+#: posterior is told which node slot ``l`` measured; with ``"unaware"`` it reads slot ``l`` as
+#: its own node's measurement, as a network does.
 PATCHING_REFERENCES = ("aware", "unaware")
 
 
@@ -76,6 +80,15 @@ def check_reference(reference) -> str:
     if reference not in PATCHING_REFERENCES:
         raise ValueError(f"reference must be one of {PATCHING_REFERENCES}, got {reference!r}")
     return reference
+
+
+def _references(reference) -> tuple[str, ...]:
+    """One reference or a sequence of distinct ones, as a tuple (each checked)."""
+    refs = (reference,) if isinstance(reference, str) else tuple(reference)
+    if not refs or len(set(refs)) != len(refs):
+        raise ValueError(f"reference must be one of {PATCHING_REFERENCES} or a sequence of distinct ones, "
+                         f"got {reference!r}")
+    return tuple(check_reference(ref) for ref in refs)
 
 
 def _check_channel(channel) -> str:
@@ -114,35 +127,38 @@ def patched_greedy_runs(tree: TreePrior, target_chan, donor_nodes: torch.Tensor,
             for l in layers]
 
 
-def greedy_patcher(tree: TreePrior, n_layers: int, tau2: float, layers, *, reference: str = "aware",
+def greedy_patcher(tree: TreePrior, n_layers: int, tau2: float, layers, *, reference="aware",
                    channel: str = "finite", generator: torch.Generator | None = None):
     """``run_pair(target, donor) -> (clean theta_hat, [patched theta_hat for l in layers], target,
     donor)`` for :func:`~fvlib.theory.patching.run_patching_sweep`, for the greedy theory policy
     of depth ``n_layers`` (likelihood variance ``tau2``): "keys" at layer ``l`` are the node
     measured there, so the target reads the donor's layer-``l`` node on its own data, knowing it
-    (``reference="aware"``) or taking it for its own node's reading (``"unaware"``).
-    ``channel``, ``generator``: as in :func:`pair_channels`."""
-    check_reference(reference)
+    (``reference="aware"``) or taking it for its own node's reading (``"unaware"``). Several
+    references (a sequence) share the donor's and the unpatched runs; the patched runs then come
+    reference by reference, each over ``layers``. ``channel``, ``generator``: as in
+    :func:`pair_channels`."""
+    references = _references(reference)
     _check_channel(channel)
 
     def run_pair(target, donor):
         target_chan, donor_chan = pair_channels(target, donor, channel, tau2, generator)
         donor_nodes = run_greedy(tree, donor_chan, n_layers, tau2).nodes
         clean = run_greedy(tree, target_chan, n_layers, tau2).theta_hat
-        patched = patched_greedy_runs(tree, target_chan, donor_nodes, n_layers, tau2, layers, reference)
+        patched = [theta_hat for ref in references
+                   for theta_hat in patched_greedy_runs(tree, target_chan, donor_nodes, n_layers, tau2, layers, ref)]
         return clean, patched, target, donor
 
     return run_pair
 
 
-def policy_patcher(tree: TreePrior, n_layers: int, tau2: float, layers, policy, *, reference: str = "aware",
+def policy_patcher(tree: TreePrior, n_layers: int, tau2: float, layers, policy, *, reference="aware",
                    channel: str = "finite", generator: torch.Generator | None = None):
     """The same for any direction policy (an :class:`~fvlib.theory.adaptive_opt.OptimisedPolicy`,
     or anything :func:`~fvlib.theory.adaptive_opt.policy_rollout` runs): "keys" at layer ``l``
     are the direction measured there; the target reads the donor's layer-``l`` direction on its
     own data, knowing it (``"aware"``) or taking it for its own direction's reading
     (``"unaware"``), and is decoded exactly."""
-    check_reference(reference)
+    references = _references(reference)
     _check_channel(channel)
     rule = policy.policy if isinstance(policy, OptimisedPolicy) else policy
 
@@ -151,8 +167,8 @@ def policy_patcher(tree: TreePrior, n_layers: int, tau2: float, layers, policy, 
         with torch.no_grad():
             donor_rows = policy_rollout(tree, rule, donor_chan, n_layers, tau2).directions
             clean = policy_rollout(tree, rule, target_chan, n_layers, tau2).theta_hat
-            patched = [_patched_policy_run(tree, rule, target_chan, donor_rows[:, l - 1], l, n_layers, tau2, reference)
-                       for l in layers]
+            patched = [_patched_policy_run(tree, rule, target_chan, donor_rows[:, l - 1], l, n_layers, tau2, ref)
+                       for ref in references for l in layers]
         return clean, patched, target, donor
 
     return run_pair
@@ -179,7 +195,7 @@ def theory_patching_sweep(
     policy=None,
     reference: str = "aware",
     channel: str = "finite",
-):
+) -> PatchingResult:
     """The key-patching heatmap of a theory policy (greedy by default), on the same pairs as the
     model's: a :class:`~fvlib.theory.patching.PatchingResult` with Monte Carlo standard errors.
 
@@ -197,17 +213,46 @@ def theory_patching_sweep(
     (see :func:`policy_patcher`). ``channel``: ``"finite"`` (the pairs' own statistics, the
     default) or ``"gaussian"`` (``theta + tau z``, its noise seeded by ``seed + 1``).
     """
+    return theory_patching_references(tree, n_ctx, noise_std, n_layers, contexts=contexts, seed=seed, chunk=chunk,
+                                      policy=policy, references=(check_reference(reference),),
+                                      channel=channel)[reference]
+
+
+def theory_patching_references(
+    tree: TreePrior,
+    n_ctx: int,
+    noise_std: float,
+    n_layers: int,
+    *,
+    contexts: int = 2000,
+    seed: int = 0,
+    chunk: int = DEFAULT_CHUNK,
+    policy=None,
+    references=PATCHING_REFERENCES,
+    channel: str = "finite",
+) -> dict[str, PatchingResult]:
+    """``{reference: heatmap}``: :func:`theory_patching_sweep` for each of ``references`` (both by
+    default), in one pass over the pairs: the donor's and the unpatched runs are shared, so the
+    unpatched loss is the same object of every result and the second reference costs only its
+    patched runs. Each heatmap equals the one :func:`theory_patching_sweep` gives alone."""
     check_int("n_layers", n_layers, 1)
-    check_reference(reference)
+    references = _references(references)
     tau2 = channel_tau2(tree, n_ctx, noise_std)
     layers = range(1, n_layers + 1)
-    kw = {"reference": reference, "channel": _check_channel(channel),
+    kw = {"reference": references, "channel": _check_channel(channel),
           "generator": make_generator(seed + 1) if channel == "gaussian" else None}
     if policy is None:
         patcher = greedy_patcher(tree, n_layers, tau2, layers, **kw)
     else:
         patcher = policy_patcher(tree, n_layers, tau2, layers, policy, **kw)
-    return run_patching_sweep(tree, n_layers, n_ctx, noise_std, contexts, seed, chunk, patcher)
+    joint = run_patching_sweep(tree, len(references) * n_layers, n_ctx, noise_std, contexts, seed, chunk, patcher)
+    return {ref: _columns(joint, i * n_layers, (i + 1) * n_layers) for i, ref in enumerate(references)}
+
+
+def _columns(result: PatchingResult, start: int, stop: int) -> PatchingResult:
+    """``result`` with its layer columns ``start..stop-1`` only (the baseline kept)."""
+    return replace(result, loss=result.loss[:, start:stop].clone(), stderr=result.stderr[:, start:stop].clone(),
+                   donor_loss=result.donor_loss[:, start:stop].clone())
 
 
 # ----------------------------------------------------------------------------------------

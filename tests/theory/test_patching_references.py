@@ -20,6 +20,7 @@ from fvlib.theory import (
     policy_rollout,
     run_greedy,
     run_patching_sweep,
+    theory_patching_references,
     theory_patching_row,
     theory_patching_sweep,
 )
@@ -34,9 +35,7 @@ ISSUE_ROW = {"aware": [0.006, 0.116, 0.138, 0.116, 0.064], "unaware": [0.006, 0.
 @pytest.fixture(scope="module")
 def issue_sweeps():
     """Both references at the issue's configuration, on the same 1200 pairs per split level."""
-    tree = TreePrior(5, 0.5)
-    return {ref: theory_patching_sweep(tree, 128, 0.0, 5, contexts=1200, seed=0, reference=ref, channel="gaussian")
-            for ref in PATCHING_REFERENCES}
+    return theory_patching_references(TreePrior(5, 0.5), 128, 0.0, 5, contexts=1200, seed=0, channel="gaussian")
 
 
 def _clean_readings_sweep(tree, reference, contexts, seed):
@@ -143,10 +142,15 @@ def test_unaware_equals_aware_where_the_patch_changes_nothing(issue_sweeps):
 
 
 def test_the_two_references_see_the_same_pairs_and_differ_only_after_the_split():
+    """Alone or in one pass, each reference gives the same heatmap on the same pairs."""
     tree = TreePrior(3, 0.5)
     kw = {"contexts": 200, "seed": 4}
     aware = theory_patching_sweep(tree, 32, 0.1, 3, **kw)
     unaware = theory_patching_sweep(tree, 32, 0.1, 3, reference="unaware", **kw)
+    both = theory_patching_references(tree, 32, 0.1, 3, **kw)
+    for alone, joint in ((aware, both["aware"]), (unaware, both["unaware"])):
+        assert torch.equal(alone.loss, joint.loss) and torch.equal(alone.stderr, joint.stderr)
+        assert torch.equal(alone.donor_loss, joint.donor_loss) and alone.baseline == joint.baseline
     assert aware.baseline == unaware.baseline
     assert torch.equal(aware.loss[:, 0], unaware.loss[:, 0])
     after = torch.ones(3, 3, dtype=torch.bool).triu(1)  # l > m
@@ -205,10 +209,16 @@ def test_unaware_greedy_reads_the_given_value_as_its_own_node():
     assert not torch.equal(patched.log_w, clean.log_w)
 
 
-@pytest.mark.parametrize("bad", [{"reference": "blind"}, {"channel": "exact"}])
+@pytest.mark.parametrize("bad", [{"reference": "blind"}, {"reference": ("aware",)}, {"channel": "exact"}])
 def test_sweep_rejects_an_unknown_reference_or_channel(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         theory_patching_sweep(TreePrior(2, 0.5), 8, 0.0, 2, contexts=4, **bad)
+
+
+@pytest.mark.parametrize("references", [(), ("aware", "aware"), ("aware", "blind")])
+def test_references_rejects_an_empty_repeated_or_unknown_list(references):
+    with pytest.raises(ValueError, match="reference"):
+        theory_patching_references(TreePrior(2, 0.5), 8, 0.0, 2, contexts=4, references=references)
 
 
 def test_optimised_policy_sweep_in_both_references():
