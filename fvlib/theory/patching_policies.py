@@ -15,6 +15,13 @@ is taken to know, and there are two references (:data:`PATCHING_REFERENCES`):
   decoder use that reading (``readings=`` of the same two functions; chapter 1's exercise
   *The state is enough* replays a policy from its workspace in the same way).
 
+Without channel noise both give the pattern of
+:func:`~fvlib.theory.patching.noisefree_patching_loss`, ``alpha^(K-1) / 2^(K-l)`` after the split
+(a later outcome corrects either policy). With little but some noise the unaware one differs at
+the last layer ``l = K``: it reads the donor's off-path node (zero plus noise) as its own last
+node and believes the sign the noise points to, wrong half the time, so it costs
+``2 alpha^(K-1)``; at ``N = 128`` it costs far more than the aware one at early layers.
+
 Both are Monte Carlo over the donor/target pairs of
 :func:`~fvlib.theory.patching.run_patching_sweep`, the models' very pairs for a given seed, on
 one of two channels (:data:`~fvlib.theory.strategies.CHANNELS`): ``"finite"``, the pair's own
