@@ -199,8 +199,8 @@ class FVTransformer(HookedModel):
 
     @property
     def reads_statistic(self) -> bool:
-        """``True`` when the model reads a context only through its pooled statistic ``g`` (gated
-        and linear routers, :data:`STATISTIC_ROUTERS`): it then runs on a
+        """``True`` when the model reads a context only through its pooled statistic ``g`` (every
+        router but ``mlp``, :data:`fvlib.routers.STATISTIC_ROUTERS`): it then runs on a
         :class:`~fvlib.task.StatisticBatch` too."""
         return self.config.router in STATISTIC_ROUTERS
 

@@ -18,7 +18,8 @@ Router kinds (:data:`ROUTER_KINDS`; ``G`` is a ``(d, D)`` matrix, ``Phi`` the wo
   node ``a = argmax_n s_n(Phi)`` of scores ``s(Phi) = s_0 + MLP(Phi)`` over the ``D`` nodes (one
   node per layer for model A): the trained counterpart of the greedy theory, which measures one
   coordinate per layer. Training and evaluation measure the same one-hot direction ``e_a``; the
-  gradient reaches the scores through ``softmax(s)`` (straight-through, see the class).
+  gradient reaches the scores through ``softmax(s)`` (straight-through from the start, no
+  temperature schedule; see the class).
 * ``mlp`` (:class:`MLPRouter`) -- a plain MLP on the concatenation ``[x_i, Phi_{l-1}]``
   (optional, harder to train; not a choice of ``TrainConfig``).
 
@@ -61,13 +62,14 @@ __all__ = [
     "make_router",
 ]
 
+#: Every router kind of :class:`fvlib.models.ModelConfig` (``router``).
 ROUTER_KINDS = ("gated", "mlp", "linear", "bilinear", "coord")
 #: The routers whose keys are linear in the token (``k_i = G(Phi) x_i``): their models read a
 #: context only through its pooled statistic.
 STATISTIC_ROUTERS = ("gated", "linear", "bilinear", "coord")
 #: The routers model A may take (``TrainConfig.router``, ``train --router``).
 MODEL_A_ROUTERS = ("gated", "linear", "bilinear", "coord")
-#: Model A's router unless a config says otherwise: the router of every run stored before the choice existed.
+#: Model A's router unless a config says otherwise, the router of every run stored before the choice existed.
 DEFAULT_ROUTER = "gated"
 
 
@@ -264,13 +266,16 @@ class CoordRouter(TokenLinearRouter):
     The scores ``s(Phi) = base + MLP(Phi)`` over the ``D`` nodes (``(d, D)``, one row per
     channel) are made as the gated router's matrix is (``base`` standard normal, the MLP's last
     layer at zero, so every layer starts at a fixed node; at layer 1 ``Phi`` is empty and the
-    node is fixed: ``argmax base``). :meth:`directions` is the one-hot ``e_a`` **at training and
-    at evaluation alike**: the model never measures a mixture. Training reaches the scores by
+    node stays fixed, ``argmax base``). :meth:`directions` is the one-hot ``e_a`` **at training
+    and at evaluation alike**: the model never measures a mixture. Training reaches the scores by
     the straight-through estimator, ``G = e_a + softmax(s) - stop_gradient(softmax(s))``: its
     value is ``e_a``, its gradient that of ``softmax(s)`` (temperature 1), so the loss pulls up
     the scores of the nodes whose mixing-in would lower it. There is no temperature schedule:
     nothing depends on the step, and a trained model is a deterministic coordinate policy
-    (:meth:`nodes`), read as greedy's. Same parameters as :class:`GatedRouter`."""
+    (:meth:`nodes`), comparable node for node with greedy's. The estimator is first order: it
+    sees what mixing a node in would do with the decoder as it is, not what the decoder would
+    make of that node, so training can settle on adaptive routes other than greedy's. Same
+    parameter count as :class:`GatedRouter`."""
 
     def __init__(self, dim: int, channels: int, workspace_dim: int, width: int, hidden_layers: int):
         super().__init__()
@@ -289,8 +294,9 @@ class CoordRouter(TokenLinearRouter):
         return self.scores(workspace).argmax(-1).expand(workspace.shape[0], -1)
 
     def directions(self, workspace: torch.Tensor) -> torch.Tensor:
-        soft = self.scores(workspace).softmax(-1)
-        hard = torch.zeros_like(soft).scatter(-1, soft.argmax(-1, keepdim=True), 1.0)
+        scores = self.scores(workspace)
+        soft = scores.softmax(-1)
+        hard = torch.zeros_like(soft).scatter(-1, scores.argmax(-1, keepdim=True), 1.0)  # the nodes of nodes()
         return hard + (soft - soft.detach())  # value e_a, gradient of softmax(s)
 
 
