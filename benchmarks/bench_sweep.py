@@ -18,7 +18,7 @@ Each mode times ``train`` on the 8 configs one after another and ``train_many`` 
 them (both in memory, evaluations at step 0 and at the end on 2048 contexts included), and
 compares the final excess losses. With per-model contexts each model still samples its own
 contexts (about a tenth of a step alone) and the stacked models read 8 different context
-sets; with shared contexts they are drawn once and read once (:func:`fvlib.models.measure`).
+sets; with shared contexts they are drawn once and read once (:func:`fvlib.routers.measure`).
 The evaluations (2048 contexts per model at step 0 and at the end) run model by model
 under ``train``; under ``train_many`` the step-0 ones too, the final ones batched over the
 stack (one pass over the shared evaluation contexts), so short runs (small ``--steps``) weigh

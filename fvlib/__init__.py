@@ -17,6 +17,9 @@ imports only from the layers below it (``tests/core/test_import_layers.py`` chec
                               the theory of key patching, Monte Carlo sweeps
     hooks                     hook points, handles, activation caches, one ``hook_name`` for every
                               model; the input checks the models share
+    routers                   the routers of the constrained models (gated, linear, bilinear,
+                              coord, MLP: a layer's keys from the token and the workspace) and
+                              measure, the models' one contraction with their inputs
     models                    the constrained linear-attention transformer (models A, B, C)
     transformer               standard transformers (softmax attention, MLPs; bottlenecked and
                               open arrangements, models A' and B') with the same hooks
@@ -48,7 +51,7 @@ __version__ = "0.1.0"
 from .priors import GaussianPrior, TreePrior, make_prior  # noqa: E402
 from .task import TaskBatch, make_generator, sample_task  # noqa: E402
 
-# The heavier layers are imported on first use: ``fvlib.theory``, ``fvlib.models``,
+# The heavier layers are imported on first use: ``fvlib.theory``, ``fvlib.routers``, ``fvlib.models``,
 # ``fvlib.transformer``, ``fvlib.training``, ``fvlib.interventions``,
 # ``fvlib.experiments``, ``fvlib.plots``, ``fvlib.explorers``.
 

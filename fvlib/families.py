@@ -8,7 +8,8 @@ of :mod:`fvlib.models`), ``"transformer"`` (the bottlenecked standard transforme
 Each :class:`ModelFamily` holds the builder of a model's config from a run's numbers, the config
 and model classes, and the facts that training, checkpoints and the interventions ask: whether
 its models read only the pooled statistic (and so which input path a run takes by default),
-whether they predict ``theta_hat``, which models take the router's imitation start, the hook
+whether they predict ``theta_hat``, which models take the router's imitation start and which a
+choice of router (``TrainConfig.router``), the hook
 family of :mod:`fvlib.hooks`. :func:`get_family` looks a family up by name, :func:`family_names`
 lists them, and a new family is its module plus one :func:`register_family` line.
 """
@@ -64,6 +65,8 @@ class ModelFamily:
         predicts_theta: its models output ``theta_hat`` (the expected loss, and the learning
             recipe that trains on it, need that).
         warm_start_models: the models whose router the imitation warm start fits.
+        router_models: the models whose router a run may choose (``TrainConfig.router``, one of
+            :data:`fvlib.routers.MODEL_A_ROUTERS`; the family's config then carries it as ``router``).
         softmax_attention: its models hold ``N x N`` attention scores per context and layer.
         label_suffix: what follows the model letter in a model's label (``A'`` for ``"'"``).
         description: one line for listings.
@@ -78,6 +81,7 @@ class ModelFamily:
     reads_statistic: bool = False
     predicts_theta: bool = False
     warm_start_models: tuple[str, ...] = ()
+    router_models: tuple[str, ...] = ()
     softmax_attention: bool = False
     label_suffix: str = ""
     description: str = ""
@@ -143,7 +147,7 @@ def _transformer_config(arrangement: str, model: str, dim: int, budget: int, wid
 
 register_family(ModelFamily(
     "constrained", MODEL_KINDS, ModelConfig, FVTransformer, _constrained_config, "constrained",
-    reads_statistic=True, predicts_theta=True, warm_start_models=("A",),
+    reads_statistic=True, predicts_theta=True, warm_start_models=("A",), router_models=("A",),
     description="models A, B, C: constrained linear attention with a growing workspace"))
 register_family(ModelFamily(
     "transformer", TRANSFORMER_KINDS, TransformerConfig, StandardTransformer,

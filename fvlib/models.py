@@ -12,20 +12,17 @@ A context of ``N`` tokens ``z_i = (x_i, y_i)`` and a query token ``x_q`` go in; 
 
 and the readout is ``theta_hat = decoder(Phi_L)`` in ``R^D``, ``y_hat_q = <theta_hat, x_q>``.
 Every contraction with the inputs (keys, pooling, the predictions of ``Q`` query tokens) is one
-function, :func:`measure`, whose ``torch.func.vmap`` rule lets stacked models read shared
-contexts once (:mod:`fvlib.training.batched`).
+function, :func:`fvlib.routers.measure`, whose ``torch.func.vmap`` rule lets stacked models read
+shared contexts once (:mod:`fvlib.training.batched`).
 
-Router kinds:
+The routers are those of :mod:`fvlib.routers` (``ModelConfig.router``): ``gated`` (``k = G_l(Phi_{l-1})
+x`` with ``G_l`` an MLP from ``Phi_{l-1}`` to a ``(d, D)`` matrix; ``Phi_0`` is empty, so layer 1
+measures fixed directions), ``linear`` (``k = W_l x``), ``bilinear``, ``coord`` and ``mlp``.
+Models A and B have the gated router, model C the linear one; model A may take another
+(:data:`fvlib.routers.MODEL_A_ROUTERS`, :func:`model_a`'s ``router``). Decoder kinds: ``mlp``
+and ``linear`` (no bias).
 
-* ``gated`` -- ``k = G_l(Phi_{l-1}) x`` with ``G_l`` an MLP from ``Phi_{l-1}`` to a ``(d, D)``
-  matrix (multiplicative gating, as in GLU MLPs). ``Phi_0`` is empty, so ``G_1`` is a learned
-  constant matrix: layer 1 always measures fixed directions.
-* ``mlp`` -- a plain MLP on the concatenation ``[x_i, Phi_{l-1}]`` (optional, harder to train).
-* ``linear`` -- ``k = W_l x`` (no dependence on ``Phi``).
-
-Decoder kinds: ``mlp`` and ``linear`` (no bias).
-
-**Two paths, one function.** With a gated or linear router the keys are linear in the token,
+**Two paths, one function.** With every router but ``mlp`` the keys are linear in the token,
 ``k_i = G_l(Phi) x_i``, so ``phi_l = (1/N) sum_i y_i G_l(Phi) x_i = G_l(Phi) g`` with the pooled
 statistic ``g = (1/N) sum_i y_i x_i`` (chapter 3): such a model reads a context only through
 ``g`` (:attr:`FVTransformer.reads_statistic`). It runs on the tokens (a
@@ -61,11 +58,10 @@ from torch import nn
 from ._checks import DictRoundTrip, check_int
 from .hooks import LAYER_HOOKS, MODEL_HOOKS, HookedModel, HookPoint, check_model_input, hook_name
 from .priors import Prior
+from .routers import DEFAULT_ROUTER, MODEL_A_ROUTERS, ROUTER_KINDS, STATISTIC_ROUTERS, make_mlp, make_router, measure
 from .task import StatisticBatch
 
 __all__ = [
-    "ROUTER_KINDS",
-    "STATISTIC_ROUTERS",
     "DECODER_KINDS",
     "MODEL_KINDS",
     "ModelConfig",
@@ -75,13 +71,8 @@ __all__ = [
     "model_c",
     "model_config",
     "make_model",
-    "measure",
 ]
 
-ROUTER_KINDS = ("gated", "mlp", "linear")
-#: The routers whose keys are linear in the token (``k_i = G(Phi) x_i``): their models read a
-#: context only through its pooled statistic.
-STATISTIC_ROUTERS = ("gated", "linear")
 DECODER_KINDS = ("mlp", "linear")
 MODEL_KINDS = ("A", "B", "C")
 
@@ -97,7 +88,8 @@ class ModelConfig(DictRoundTrip):
         dim: input dimension ``D`` (``2^K - 1`` for a tree of depth ``K``).
         n_layers: depth ``L``.
         channels: channels per layer ``d``; the communication budget is ``M = d L``.
-        router: ``'gated'``, ``'mlp'`` or ``'linear'``.
+        router: one of :data:`fvlib.routers.ROUTER_KINDS` (``'gated'``, ``'mlp'``, ``'linear'``,
+            ``'bilinear'``, ``'coord'``).
         decoder: ``'mlp'`` or ``'linear'``.
         width: hidden width of the router and decoder MLPs.
         hidden_layers: number of hidden layers of each MLP (router and decoder).
@@ -131,169 +123,6 @@ class ModelConfig(DictRoundTrip):
 # ----------------------------------------------------------------------------------------
 # Building blocks
 # ----------------------------------------------------------------------------------------
-class _Measure(torch.autograd.Function):
-    """See :func:`measure`. Forward and backward are the ops autograd records for the plain
-    expressions, so results and gradients are bitwise those of ``x @ W.T`` and ``torch.bmm``."""
-
-    @staticmethod
-    def forward(tokens, directions):
-        if directions.ndim == 2:
-            return tokens @ directions.T
-        return torch.bmm(tokens, directions.transpose(1, 2))
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*inputs)
-
-    @staticmethod
-    def backward(ctx, grad):
-        tokens, directions = ctx.saved_tensors
-        grad_tokens = grad_directions = None
-        if directions.ndim == 2:  # autograd of matmul: folded into one mm over the B R rows
-            flat = grad.reshape(-1, grad.shape[-1])  # (B R, c)
-            if ctx.needs_input_grad[0]:
-                grad_tokens = flat.mm(directions).view(tokens.shape)
-            if ctx.needs_input_grad[1]:
-                grad_directions = flat.t().mm(tokens.reshape(-1, tokens.shape[-1]))
-        else:  # autograd of bmm, then of the transpose
-            if ctx.needs_input_grad[0]:
-                grad_tokens = grad.bmm(directions)
-            if ctx.needs_input_grad[1]:
-                grad_directions = tokens.transpose(1, 2).bmm(grad).transpose(1, 2)
-        return grad_tokens, grad_directions
-
-    @staticmethod
-    def vmap(info, in_dims, tokens, directions):
-        """``torch.func.vmap`` over models (:mod:`fvlib.training.batched`): an operand that is not
-        batched is shared by all ``k`` models and read once, the ``k`` models' rows or
-        directions folded into one matrix product; the backward passes never read the
-        tokens transposed."""
-        t_dim, d_dim = in_dims
-        tokens = tokens if t_dim is None else tokens.movedim(t_dim, 0)
-        directions = directions if d_dim is None else directions.movedim(d_dim, 0)
-        if directions.ndim - (d_dim is not None) == 2:
-            return _measure_fixed_batched(tokens, directions, t_dim is not None, d_dim is not None)
-        return _measure_per_context_batched(tokens, directions, t_dim is not None, d_dim is not None)
-
-
-def _measure_fixed_batched(tokens, directions, tokens_batched: bool, directions_batched: bool):
-    """vmap rule of :func:`measure` for directions ``(c, D)``: returns ``(out, out_dim)``."""
-    if not directions_batched:  # tokens (k, B, R, D): one mm over all rows
-        return tokens @ directions.T, 0
-    k, c, D = directions.shape
-    if not tokens_batched:  # tokens (B, R, D) shared: (B R, D) x (D, k c)
-        out = tokens.reshape(-1, D) @ directions.reshape(k * c, D).T
-        return out.view(*tokens.shape[:-1], k, c), tokens.ndim - 1
-    out = torch.bmm(directions, tokens.reshape(k, -1, D).transpose(1, 2)).transpose(1, 2)  # (k, B R, c)
-    return out.reshape(*tokens.shape[:-1], c), 0
-
-
-def _measure_per_context_batched(tokens, directions, tokens_batched: bool, directions_batched: bool):
-    """vmap rule of :func:`measure` for directions ``(B, c, D)``: returns ``(out, out_dim)``."""
-    if tokens_batched and directions_batched:  # (k, B, ...): k B independent products
-        k, B = tokens.shape[:2]
-        out = torch.bmm(directions.flatten(0, 1), tokens.flatten(0, 1).transpose(1, 2)).transpose(1, 2)
-        return out.unflatten(0, (k, B)), 0
-    if directions_batched:  # tokens (B, R, D) shared, directions (k, B, c, D)
-        k, B, c, D = directions.shape
-        out = torch.bmm(directions.transpose(0, 1).reshape(B, k * c, D), tokens.transpose(1, 2))  # (B, k c, R)
-        return out.view(B, k, c, -1).transpose(2, 3), 1
-    k, B, R, D = tokens.shape  # directions (B, c, D) shared, tokens (k, B, R, D)
-    out = torch.bmm(tokens.transpose(0, 1).reshape(B, k * R, D), directions.transpose(1, 2))  # (B, k R, c)
-    return out.view(B, k, R, -1), 1
-
-
-def measure(tokens: torch.Tensor, directions: torch.Tensor) -> torch.Tensor:
-    """Inner products of every token with every direction: ``out[b, r, c] = <tokens[b, r], directions[., c]>``.
-
-    ``tokens (B, R, D)`` with directions ``(c, D)`` (the same for every context) or
-    ``(B, c, D)`` (one set per context) give ``(B, R, c)``. It is the one contraction of the
-    model with its inputs: keys ``k_i = G x_i``, their pooling against the values
-    ``sum_i y_i k_i`` and the predictions ``<theta_hat, x_q>``. Numbers and gradients are
-    bitwise those of ``tokens @ directions.T``, ``torch.bmm`` and the equivalent ``einsum``; under
-    ``torch.func.vmap`` over stacked models a shared operand (the same contexts for every
-    model) is read once instead of once per model.
-    """
-    return _Measure.apply(tokens, directions)
-
-
-def _mlp(n_in: int, n_out: int, width: int, hidden_layers: int) -> nn.Sequential:
-    """``n_in -> width -> ... -> n_out`` with GELU; the last layer starts at zero weights."""
-    layers: list[nn.Module] = []
-    for i in range(hidden_layers):
-        layers += [nn.Linear(n_in if i == 0 else width, width), nn.GELU()]
-    last = nn.Linear(width, n_out)
-    nn.init.zeros_(last.weight)
-    nn.init.zeros_(last.bias)
-    layers.append(last)
-    return nn.Sequential(*layers)
-
-
-def _measurement_init(channels: int, dim: int, row_norm: float) -> nn.Parameter:
-    """A random ``(d, D)`` measurement matrix whose rows have norm about ``row_norm``."""
-    return nn.Parameter(torch.randn(channels, dim) * (row_norm / math.sqrt(dim)))
-
-
-class GatedRouter(nn.Module):
-    """``k_i = G(Phi) x_i`` with ``G(Phi) = base + MLP(Phi)`` a ``(d, D)`` matrix; at layer 1
-    ``Phi`` is empty and ``G`` is the learned constant ``base``. The MLP's last layer starts at
-    zero, so every layer starts non-adaptive and learns to depend on ``Phi``."""
-
-    def __init__(self, dim: int, channels: int, workspace_dim: int, width: int, hidden_layers: int):
-        super().__init__()
-        self.dim, self.channels = dim, channels
-        # Standard normal entries (row norm sqrt(D)): E[phi^2] = E|theta|^2 at initialisation
-        # for any prior, so the MLPs downstream see signal from the start.
-        self.base = _measurement_init(channels, dim, math.sqrt(dim))
-        self.gate = _mlp(workspace_dim, channels * dim, width, hidden_layers) if workspace_dim else None
-
-    def matrix(self, workspace: torch.Tensor) -> torch.Tensor:
-        """The measurement matrices ``G(Phi)``, shape ``(B, d, D)``."""
-        base = self.base.expand(workspace.shape[0], -1, -1)
-        if self.gate is None:
-            return base
-        return base + self.gate(workspace).view(-1, self.channels, self.dim)
-
-    def forward(self, x: torch.Tensor, workspace: torch.Tensor) -> torch.Tensor:
-        if self.gate is None:
-            return measure(x, self.base)
-        return measure(x, self.matrix(workspace))
-
-    def pool(self, g: torch.Tensor, workspace: torch.Tensor) -> torch.Tensor:
-        """The pooled keys ``G(Phi) g`` from the statistic ``g (B, D)``: ``(B, d)``."""
-        return measure(g[:, None, :], self.base if self.gate is None else self.matrix(workspace))[:, 0]
-
-
-class LinearRouter(nn.Module):
-    """``k_i = W x_i`` with a fixed ``(d, D)`` matrix ``W``."""
-
-    def __init__(self, dim: int, channels: int):
-        super().__init__()
-        # Unit-norm rows: nothing downstream needs a large signal, and a small start lets the
-        # linear model shed off-target directions quickly (it converges to the LMMSE sooner).
-        self.weight = _measurement_init(channels, dim, 1.0)
-
-    def forward(self, x: torch.Tensor, workspace: torch.Tensor) -> torch.Tensor:
-        return measure(x, self.weight)
-
-    def pool(self, g: torch.Tensor, workspace: torch.Tensor) -> torch.Tensor:
-        """The pooled keys ``W g`` from the statistic ``g (B, D)``: ``(B, d)``."""
-        return measure(g[:, None, :], self.weight)[:, 0]
-
-
-class MLPRouter(nn.Module):
-    """``k_i = MLP([x_i, Phi])`` applied token by token."""
-
-    def __init__(self, dim: int, channels: int, workspace_dim: int, width: int, hidden_layers: int):
-        super().__init__()
-        self.net = _mlp(dim + workspace_dim, channels, width, hidden_layers)
-        nn.init.normal_(self.net[-1].weight, std=1.0 / math.sqrt(width))
-
-    def forward(self, x: torch.Tensor, workspace: torch.Tensor) -> torch.Tensor:
-        context = workspace[:, None, :].expand(-1, x.shape[1], -1)
-        return self.net(torch.cat([x, context], dim=-1))
-
-
 class Block(nn.Module):
     """One layer: route (keys), pool against the values ``y_i``, append to the workspace."""
 
@@ -301,16 +130,11 @@ class Block(nn.Module):
         super().__init__()
         self.layer = layer
         workspace_dim = (layer - 1) * config.channels
-        if config.router == "gated":
-            self.router = GatedRouter(
-                config.dim, config.channels, workspace_dim, config.width, config.hidden_layers
-            )
-        elif config.router == "mlp":
-            self.router = MLPRouter(
-                config.dim, config.channels, workspace_dim, config.width, config.hidden_layers
-            )
-        else:
-            self.router = LinearRouter(config.dim, config.channels)
+        # A linear router's rows start at norm 1 before a linear decoder (model C), sqrt(D) before an MLP
+        # decoder (model A's linear router, which then starts as model B's router does).
+        row_norm = 1.0 if config.decoder == "linear" else math.sqrt(config.dim)
+        self.router = make_router(config.router, config.dim, config.channels, workspace_dim, config.width,
+                                  config.hidden_layers, linear_row_norm=row_norm)
         self.hook_keys = HookPoint()
         self.hook_phi = HookPoint()
         self.hook_workspace = HookPoint()
@@ -350,7 +174,7 @@ class FVTransformer(HookedModel):
         self.blocks = nn.ModuleDict({str(l): Block(config, l) for l in range(1, config.n_layers + 1)})
         workspace_dim = config.budget
         if config.decoder == "mlp":
-            self.decoder = _mlp(workspace_dim, config.dim, config.width, config.hidden_layers)
+            self.decoder = make_mlp(workspace_dim, config.dim, config.width, config.hidden_layers)
         else:
             self.decoder = nn.Linear(workspace_dim, config.dim, bias=False)
             nn.init.zeros_(self.decoder.weight)
@@ -375,8 +199,8 @@ class FVTransformer(HookedModel):
 
     @property
     def reads_statistic(self) -> bool:
-        """``True`` when the model reads a context only through its pooled statistic ``g`` (gated
-        and linear routers, :data:`STATISTIC_ROUTERS`): it then runs on a
+        """``True`` when the model reads a context only through its pooled statistic ``g`` (every
+        router but ``mlp``, :data:`fvlib.routers.STATISTIC_ROUTERS`): it then runs on a
         :class:`~fvlib.task.StatisticBatch` too."""
         return self.config.router in STATISTIC_ROUTERS
 
@@ -483,21 +307,29 @@ _LAYOUTS = {
 
 
 def model_config(
-    kind: str, prior_or_dim: Prior | int, budget: int, width: int = 128, hidden_layers: int = 2
+    kind: str, prior_or_dim: Prior | int, budget: int, width: int = 128, hidden_layers: int = 2,
+    router: str = DEFAULT_ROUTER,
 ) -> ModelConfig:
-    """The :class:`ModelConfig` of model ``'A'``, ``'B'`` or ``'C'`` with budget ``M``."""
+    """The :class:`ModelConfig` of model ``'A'``, ``'B'`` or ``'C'`` with budget ``M``; ``router``
+    is model A's (one of :data:`fvlib.routers.MODEL_A_ROUTERS`), models B and C take only their own."""
     if kind not in _LAYOUTS:
         raise ValueError(f"model kind must be one of {MODEL_KINDS}, got {kind!r}")
     check_int("budget", budget, 1, _dim_of(prior_or_dim))  # M <= D, the rule of TrainConfig
-    n_layers, channels, router, decoder = _LAYOUTS[kind](budget)
-    return ModelConfig(_dim_of(prior_or_dim), n_layers, channels, router, decoder, width, hidden_layers)
+    n_layers, channels, own_router, decoder = _LAYOUTS[kind](budget)
+    if router not in MODEL_A_ROUTERS:
+        raise ValueError(f"router must be one of {MODEL_A_ROUTERS}, got {router!r}")
+    if router != DEFAULT_ROUTER and kind != "A":
+        raise ValueError(f"router {router!r} is a choice of model A only; model {kind} has its own router")
+    chosen = router if kind == "A" else own_router
+    return ModelConfig(_dim_of(prior_or_dim), n_layers, channels, chosen, decoder, width, hidden_layers)
 
 
 def model_a(
-    prior_or_dim: Prior | int, budget: int, width: int = 128, hidden_layers: int = 2
+    prior_or_dim: Prior | int, budget: int, width: int = 128, hidden_layers: int = 2, router: str = DEFAULT_ROUTER
 ) -> FVTransformer:
-    """Model A: deep and narrow, ``L = M``, ``d = 1``, gated router, MLP decoder."""
-    return FVTransformer(model_config("A", prior_or_dim, budget, width, hidden_layers))
+    """Model A: deep and narrow, ``L = M``, ``d = 1``, MLP decoder, the gated router or ``router``
+    (:data:`fvlib.routers.MODEL_A_ROUTERS`; ``'linear'`` makes it model B's function class)."""
+    return FVTransformer(model_config("A", prior_or_dim, budget, width, hidden_layers, router))
 
 
 def model_b(

@@ -88,12 +88,15 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
 
 def _check_flags_that_act(args: argparse.Namespace, given: dict, config: TrainConfig) -> None:
     """Refuse a flag typed on the command line that would change nothing in ``config``'s run:
-    the warm-start flags of a run that does not warm-start its router, ``--queries`` under
-    the expected loss (which draws no query tokens)."""
+    ``--router`` for a model that has its own, the warm-start flags of a run that does not
+    warm-start its router, ``--queries`` under the expected loss (which draws no query tokens)."""
+    if "router" in given and "router" in config.unused_fields():
+        raise CliError(f"--router {given['router']} does nothing here: only model A (--arch constrained) "
+                       f"chooses its router, this run is model {config.model} (--arch {config.arch})")
     if "router_warm_start" in given and not config.warm_starts and given["router_warm_start"] > 0:
-        raise CliError(f"--router-warm-start does nothing here: only model A on the tree prior warm-starts "
-                       f"its router, this run is model {config.model} (--arch {config.arch}) on the "
-                       f"{config.prior} prior")
+        raise CliError(f"--router-warm-start does nothing here: only model A with the gated router on the tree "
+                       f"prior warm-starts its router, this run is model {config.model} (--arch {config.arch}, "
+                       f"--router {config.router}) on the {config.prior} prior")
     if args.imitation and not config.warm_starts:
         raise CliError(f"--imitation with --router-warm-start {config.router_warm_start} leaves no imitation "
                        f"(drop --imitation, or give --router-warm-start > 0)")
@@ -123,12 +126,15 @@ def _setting(given: dict, name: str):
 
 
 def _check_command_line_flags(args: argparse.Namespace, given: dict) -> None:
-    """The rules of the flags that are not fields: ``--imitation`` only for model A on the tree,
-    ``--no-curriculum`` without ``--alpha-start``."""
-    arch, model, prior = (_setting(given, name) for name in ("arch", "model", "prior"))
+    """The rules of the flags that are not fields: ``--imitation`` only for model A with the gated
+    router on the tree, ``--no-curriculum`` without ``--alpha-start``."""
+    arch, model, prior, router = (_setting(given, name) for name in ("arch", "model", "prior", "router"))
     if args.imitation and (arch, model, prior) != ("constrained", "A", "tree"):
         raise CliError(f"--imitation needs --arch constrained --model A --prior tree (the teacher is the greedy "
                        f"policy of model A's router), got --arch {arch} --model {model} --prior {prior}")
+    if args.imitation and router != "gated":
+        raise CliError(f"--imitation needs --router gated (the warm start fits the gated router's matrix), "
+                       f"got --router {router}")
     if args.no_curriculum and "alpha_start" in given:
         raise CliError(f"--no-curriculum and --alpha-start {given['alpha_start']} contradict each other")
 

@@ -36,7 +36,7 @@ import math
 import re
 from dataclasses import MISSING, dataclass, field, fields
 
-from ..training import TrainConfig
+from ..training import ADDED_FIELDS, TrainConfig
 from .rules import CONVERGENCE_DROP, PREFIX_RULE, THEORY_TOLERANCE_RULE, TOLERANCE_RULE
 
 __all__ = ["FORMAT", "HISTORY_FIELDS", "THEORY_KINDS", "VERSION", "Attempt", "Provenance", "ResultError", "ResultFile",
@@ -214,9 +214,20 @@ class Provenance:
         return out
 
 
+def _stored_config(stored: dict) -> dict:
+    """A stored run's config read through :class:`~fvlib.training.TrainConfig` (checked, ``inputs``
+    resolved), with every field but those of :data:`~fvlib.training.config.ADDED_FIELDS` that it
+    lacks at the value that changes nothing: they stay absent, so that reading and writing a stored
+    file keeps its bytes (and its seal) when a field is added later."""
+    config = TrainConfig.from_dict(stored).to_dict()
+    return {k: v for k, v in config.items() if k in stored or k not in ADDED_FIELDS or v != ADDED_FIELDS[k]}
+
+
 @dataclass
 class RunRecord:
-    """One stored run (:mod:`fvlib.experiments.runner`): labels, complete config, final numbers,
+    """One stored run (:mod:`fvlib.experiments.runner`): labels, complete config (but for the fields
+    added after it was stored, :data:`~fvlib.training.config.ADDED_FIELDS`, which it reads at the value
+    that changes nothing), final numbers,
     attempts, evaluation history (:data:`HISTORY_FIELDS` per evaluation), analyses, provenance.
     ``RunRecord.from_dict`` checks every field's type (a finite number where a number is due), and that
     the final loss is the last evaluation's and the last attempt's."""
@@ -249,7 +260,7 @@ class RunRecord:
             finite(data[name], _at(where, name))
         _typed(data["converged"], bool, _at(where, "converged"))
         try:
-            data["config"] = TrainConfig.from_dict(_typed(data["config"], dict, _at(where, "config"))).to_dict()
+            data["config"] = _stored_config(_typed(data["config"], dict, _at(where, "config")))
         except (TypeError, ValueError) as err:
             raise ResultError(f"{_at(where, 'config')}: {err}") from None
         attempts = _typed(data["attempts"], list, _at(where, "attempts")) or [None]

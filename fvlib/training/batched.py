@@ -18,7 +18,7 @@ all models that would see the same ones alone.
   seed and the same prior, ``n_ctx``, ``noise_std``, ``batch``, ``queries``) share one draw:
   that changes no number, it only saves time. For common random numbers give the configs one
   ``data_seed``: ``[dataclasses.replace(c, data_seed=0) for c in configs]``; then the models
-  of a stack read the shared contexts once (:func:`fvlib.models.measure`), which is where
+  of a stack read the shared contexts once (:func:`fvlib.routers.measure`), which is where
   batching pays most. Training one such config alone with ``train`` gives the same numbers.
 * **Run directories.** Each model's directory holds exactly what ``train`` writes (config,
   weights, Adam moments and RNG state, history, the checkpoint's manifest) at the same steps,

@@ -17,7 +17,7 @@ import json
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
@@ -26,6 +26,7 @@ from .._checks import check_budget, check_int, check_number, check_seed
 from ..families import DEFAULT_FAMILY, family_names, family_of_config, get_family
 from ..models import FVTransformer, ModelConfig
 from ..priors import Prior, get_prior_kind, make_prior, prior_kinds
+from ..routers import DEFAULT_ROUTER, MODEL_A_ROUTERS
 from ..task import check_task_args
 from ..transformer import StandardTransformer, TransformerConfig
 
@@ -79,6 +80,7 @@ ADDED_FIELDS = {
     "expected_loss": False,
     "alpha_start": None,
     "inputs": "tokens",
+    "router": DEFAULT_ROUTER,
 }
 
 
@@ -207,6 +209,11 @@ class TrainConfig:
             policy. ``alpha_start = None``, the default, trains at ``alpha`` throughout
             (``alpha_ramp`` is then unused).
         width, hidden_layers: router and decoder MLP size.
+        router: model A's router (:data:`fvlib.routers.MODEL_A_ROUTERS`; the families'
+            ``router_models``): ``'gated'`` (the default, every stored run's), ``'linear'`` (fixed
+            directions: model B's function class), ``'bilinear'``, ``'coord'`` (one coordinate per
+            layer); see :mod:`fvlib.routers`. Other models keep their own router and refuse
+            another. Only the gated router takes the imitation warm start.
         router_warm_start: model A on the tree prior only (ignored otherwise, see
             :meth:`warm_starts`): before training, this many steps fit its router to the
             greedy coordinate policy (:func:`fvlib.training.warm_start.warm_start_router`, ``batch``
@@ -270,6 +277,11 @@ class TrainConfig:
     width: int = field(default=RECIPE["width"], metadata={
         "help": "MLP width, d_model for transformers (default 256; transformers 32)"})
     hidden_layers: int = 2
+    router: str = field(default=DEFAULT_ROUTER, metadata={
+        "help": "model A's router: gated (an MLP of the workspace gates the key directions; the default), "
+                "linear (fixed directions: model B's function class), bilinear (G_0 + sum_j Phi_j U_j, no "
+                "hidden layer), coord (one coordinate per layer, straight-through); fvlib.routers",
+        "choices": MODEL_A_ROUTERS})
     router_warm_start: int = field(default=RECIPE["router_warm_start"], metadata={
         "help": "model A on the tree prior: steps fitting its router to the greedy policy "
                 "before training (default 0: none; 600 with --imitation)"})
@@ -311,6 +323,7 @@ class TrainConfig:
         check_int("eval_contexts", self.eval_contexts, 2)  # a standard error needs two contexts
         check_seed("seed", self.seed)
         check_int("router_warm_start", self.router_warm_start, 0)
+        self._check_router(family)
         check_number("router_lr_scale", self.router_lr_scale, 0, 1, low_open=True)
         self._check_warmup()
         if self.data_seed is not None:
@@ -332,6 +345,15 @@ class TrainConfig:
         check_task_args(self.n_ctx, self.noise_std)
         make_prior(self.prior, self.depth, self.alpha)  # validates depth and alpha
         check_budget("budget", self.budget, self.depth)
+
+    def _check_router(self, family) -> None:
+        """``router`` is one of :data:`fvlib.routers.MODEL_A_ROUTERS`, and other than the default only
+        for a model whose router a run may choose (the family's ``router_models``: model A)."""
+        if self.router not in MODEL_A_ROUTERS:
+            raise ValueError(f"router must be one of {MODEL_A_ROUTERS}, got {self.router!r}")
+        if self.router != DEFAULT_ROUTER and self.model not in family.router_models:
+            raise ValueError(f"router {self.router!r} is a choice of model A only (arch 'constrained'); "
+                             f"model {self.model!r} with arch {self.arch!r} has its own router")
 
     def _check_warmup(self) -> None:
         """``warmup`` is a fraction in ``[0, 1)`` (a warm-up of every step leaves no decay)."""
@@ -392,10 +414,10 @@ class TrainConfig:
     @property
     def warm_starts(self) -> bool:
         """``True`` for a run that warm-starts its router, i.e. model A (constrained: the models of
-        its family's ``warm_start_models``) on a tree prior with ``router_warm_start > 0``; only
-        then does ``router_lr_scale`` apply."""
+        its family's ``warm_start_models``) with the gated router on a tree prior with
+        ``router_warm_start > 0``; only then does ``router_lr_scale`` apply."""
         return (self.router_warm_start > 0 and self.model in get_family(self.arch).warm_start_models
-                and get_prior_kind(self.prior).is_tree)
+                and get_prior_kind(self.prior).is_tree and self.router == DEFAULT_ROUTER)
 
     @property
     def effective_data_seed(self) -> int:
@@ -404,15 +426,18 @@ class TrainConfig:
 
     def unused_fields(self) -> set[str]:
         """The fields that change nothing in this run: the warm-start fields of a run that does not
-        warm-start (:attr:`warm_starts`), ``alpha_ramp`` without a curriculum."""
+        warm-start (:attr:`warm_starts`), ``alpha_ramp`` without a curriculum, ``router`` for a model
+        that has its own (all but model A)."""
         unused = set() if self.warm_starts else {"router_warm_start", "router_lr_scale"}
+        unused |= set() if self.model in get_family(self.arch).router_models else {"router"}
         return unused | ({"alpha_ramp"} if self.alpha_start is None else set())
 
     def model_config(self) -> ModelConfig | TransformerConfig:
         """The architecture this run trains (its family's
-        :attr:`~fvlib.families.ModelFamily.build_config`)."""
-        return get_family(self.arch).build_config(self.model, 2**self.depth - 1, self.budget, self.width,
-                                                  self.hidden_layers)
+        :attr:`~fvlib.families.ModelFamily.build_config`), with model A's :attr:`router`."""
+        config = get_family(self.arch).build_config(self.model, 2**self.depth - 1, self.budget, self.width,
+                                                    self.hidden_layers)
+        return config if self.router == DEFAULT_ROUTER else replace(config, router=self.router)
 
 
 def _families_that(capability: str) -> tuple[str, ...]:

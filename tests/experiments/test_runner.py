@@ -134,7 +134,7 @@ def test_the_quick_check_retrains_a_prefix_per_family_and_fails_on_a_changed_his
 def test_a_one_line_change_to_the_gated_router_fails_the_quick_check(monkeypatch):
     """The check make test runs catches a change to what model A computes: the gated router's
     forward without its gate (``measure(x, self.base)``, one line) trains another model."""
-    from fvlib.models import GatedRouter, measure
+    from fvlib.routers import GatedRouter, measure
 
     assert experiments.verify("recipes-a", theory=False)["ok"]
     monkeypatch.setattr(GatedRouter, "forward", lambda self, x, workspace: measure(x, self.base))

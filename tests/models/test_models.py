@@ -11,11 +11,11 @@ from fvlib.models import (
     FVTransformer,
     ModelConfig,
     make_model,
-    measure,
     model_a,
     model_b,
     model_c,
 )
+from fvlib.routers import measure
 
 K, M, N, B = 3, 3, 16, 5
 D = 2**K - 1

@@ -193,7 +193,7 @@ def test_shared_runs_keep_their_directories():
 OTHER = dict(model="B", prior="gaussian-twin", depth=4, alpha=0.6, n_ctx=16, noise_std=0.2, budget=2, steps=50,
              batch=16, lr=2e-3, warmup=0.1, queries=4, expected_loss=True, alpha_start=0.8, alpha_ramp=0.5,
              width=8, hidden_layers=1, router_warm_start=5, router_lr_scale=0.5, seed=3, data_seed=2, eval_every=5,
-             eval_contexts=32, checkpoint_every=7, device="auto", arch="transformer", inputs="tokens")
+             eval_contexts=32, checkpoint_every=7, device="auto", arch="transformer", inputs="tokens", router="coord")
 
 
 def test_stacks_split_by_every_field_but_the_free_ones():
