@@ -1,7 +1,8 @@
-"""What the gated router of a trained model measures (chapter 8, *Experiments*, "Which half of
+"""What the router of a trained model A measures (gated, or any router whose keys are linear in
+the token) (chapter 8, *Experiments*, "Which half of
 model A falls short"; chapter 9, *Inside the model*), beside the theory on the same contexts.
 
-* :func:`measurement_profile` -- where each layer of a gated-router model puts its
+* :func:`measurement_profile` -- where each layer of a model A's router puts its
   measurement weight, relative to the context's own path;
 * :func:`router_directions` -- the measurement rows the router used in each context;
 * :func:`router_bayes_decode` -- model A's own decoder against the exact posterior given the
@@ -15,14 +16,23 @@ import torch
 
 from ..hooks import hook_name
 from ..priors import TreePrior
+from ..routers import TokenLinearRouter
 from ..stats import mean_and_stderr, squared_error
 from ..theory import FiniteSampleChannel, channel_tau2, policy_rollout
 
 __all__ = ["measurement_profile", "router_bayes_decode", "router_directions", "router_policy_alignment"]
 
 
+def _check_matrix_router(model, what: str) -> None:
+    """``model``'s routers give a measurement matrix ``G_l(Phi)`` (a router whose keys are linear
+    in the token: gated, linear, bilinear, coord; :class:`~fvlib.routers.TokenLinearRouter`)."""
+    if not isinstance(model.block(1).router, TokenLinearRouter):
+        raise ValueError(f"{what} needs a router whose keys are linear in the token "
+                         f"(gated, linear, bilinear or coord), got {model.config.router!r}")
+
+
 def measurement_profile(model, tree, batch):
-    """Where a gated-router model looks: for every layer ``l`` and tree level ``k``, the mean
+    """Where model A's router looks: for every layer ``l`` and tree level ``k``, the mean
     fraction of the squared weight of the measurement matrix ``G_l(Phi_{l-1})`` (all ``d``
     channels together) that falls on the context's *own* path node at level ``k``.
 
@@ -30,8 +40,7 @@ def measurement_profile(model, tree, batch):
     Returns a ``(L, K + 1)`` numpy array; the last column is the weight off the path. Rows sum
     to one. In the ideal adaptive policy row ``l`` is the indicator of level ``l - 1``.
     """
-    if model.config.router != "gated":
-        raise ValueError(f"measurement_profile needs a gated router, got {model.config.router!r}")
+    _check_matrix_router(model, "measurement_profile")
     with torch.no_grad():
         _, cache = model.run_with_cache(batch, names_filter=hook_name("workspace", "*"))
         nodes = tree.path_nodes(batch.signs.cpu())  # (B, K)
@@ -47,13 +56,12 @@ def measurement_profile(model, tree, batch):
 
 
 def router_directions(model, batch) -> torch.Tensor:
-    """The measurement rows a gated-router model used in each context, ``(B, L d, D)`` float64.
+    """The measurement rows a model A's router used in each context, ``(B, L d, D)`` float64.
 
     Row ``(l - 1) d + c`` is channel ``c`` of ``G_l(Phi_{l-1})``: the model's
     ``phi_l = (1/N) sum_i y_i G_l x_i = G_l g_hat`` with ``g_hat`` the context's statistic.
     """
-    if model.config.router != "gated":
-        raise ValueError(f"router_directions needs a gated router, got {model.config.router!r}")
+    _check_matrix_router(model, "router_directions")
     with torch.no_grad():
         _, cache = model.run_with_cache(batch, names_filter=hook_name("workspace", "*"))
         rows = []

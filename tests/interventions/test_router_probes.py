@@ -37,13 +37,22 @@ def test_bayes_decoder_beats_an_untrained_decoder():
     assert out["router_bayes"][0] < 0.8 * out["model"][0]
 
 
-def test_router_directions_need_a_gated_router():
+def test_router_directions_need_keys_linear_in_the_token():
     tree = TreePrior(3, 0.5)
     config = model_config("A", tree, 2)
-    model = FVTransformer(type(config)(**{**config.to_dict(), "router": "linear"}))
+    model = FVTransformer(type(config)(**{**config.to_dict(), "router": "mlp"}))
     batch = sample_task(tree, 8, 16, 0.0, make_generator(0))
-    with pytest.raises(ValueError, match="gated"):
+    with pytest.raises(ValueError, match="linear in the token"):
         router_directions(model, batch)
+
+
+def test_router_directions_of_a_coord_router_are_the_coordinates_it_measures():
+    tree = TreePrior(3, 0.5)
+    model = FVTransformer(model_config("A", tree, 3, router="coord"))
+    batch = sample_task(tree, 8, 16, 0.0, make_generator(0))
+    rows = router_directions(model, batch)  # (B, L d, D)
+    assert torch.equal(rows.abs().sum(-1), torch.ones(rows.shape[:2], dtype=rows.dtype))
+    assert torch.equal((rows != 0).sum(-1), torch.ones(rows.shape[:2], dtype=torch.long))
 
 
 def test_alignment_with_the_routers_own_rows():
@@ -68,6 +77,6 @@ def test_measurement_profile_rows_are_fractions_of_the_weight():
     assert profile.shape == (3, tree.depth + 1) and (profile >= 0).all()
     assert profile.sum(1) == pytest.approx([1.0, 1.0, 1.0])
     config = model_config("A", tree, 2)
-    linear = FVTransformer(type(config)(**{**config.to_dict(), "router": "linear"}))
-    with pytest.raises(ValueError, match="gated"):
-        measurement_profile(linear, tree, batch)
+    mlp = FVTransformer(type(config)(**{**config.to_dict(), "router": "mlp"}))
+    with pytest.raises(ValueError, match="linear in the token"):
+        measurement_profile(mlp, tree, batch)
