@@ -22,7 +22,7 @@ from fvlib.routers import (
     LinearRouter,
     training_progress,
 )
-from fvlib.theory.baselines import theory_baselines
+from fvlib.theory import theory_baselines
 from fvlib.training import TrainConfig, load_run, run_dir_for, train, train_many
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
