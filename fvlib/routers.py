@@ -14,12 +14,13 @@ Router kinds (:data:`ROUTER_KINDS`; ``G`` is a ``(d, D)`` matrix, ``Phi`` the wo
 * ``bilinear`` (:class:`BilinearRouter`) -- ``k = G_l(Phi) x`` with
   ``G_l(Phi) = G_0 + sum_j Phi_j U_j``: a multiplicative interaction between token and state
   and no hidden layer (``U_j`` start at zero: every layer starts non-adaptive).
-* ``coord`` (:class:`CoordRouter`) -- each channel measures one coordinate ``x_{i, a}``, the
-  node ``a = argmax_n s_n(Phi)`` of scores ``s(Phi) = s_0 + MLP(Phi)`` over the ``D`` nodes (one
-  node per layer for model A): the trained counterpart of the greedy theory, which measures one
-  coordinate per layer. Training and evaluation measure the same one-hot direction ``e_a``; the
-  gradient reaches the scores through ``softmax(s)`` (straight-through from the start, no
-  temperature schedule; see the class).
+* ``coord`` (:class:`CoordRouter`) -- each channel measures one coordinate ``sqrt(D) x_{i, a}``,
+  the node ``a = argmax_n s_n(Phi)`` of scores ``s(Phi) = s_0 + MLP(Phi)`` over the ``D`` nodes
+  (one node per layer for model A): the trained counterpart of the greedy theory, which measures
+  one coordinate per layer. Training starts soft (a softmax mixture of the nodes whose
+  temperature anneals from 1 to 0.05 over the first 80% of the steps) and ends hard (the one
+  node, straight-through), as every evaluation is; the loop passes the share of training done
+  (:func:`training_progress`; see the class).
 * ``mlp`` (:class:`MLPRouter`) -- a plain MLP on the concatenation ``[x_i, Phi_{l-1}]``
   (optional, harder to train; not a choice of ``TrainConfig``).
 
@@ -42,6 +43,8 @@ read shared contexts once (:mod:`fvlib.training.batched`).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -60,6 +63,10 @@ __all__ = [
     "CoordRouter",
     "MLPRouter",
     "make_router",
+    "training_progress",
+    "PROGRESS_BUFFER",
+    "COORD_SOFT_SHARE",
+    "COORD_FINAL_TEMPERATURE",
 ]
 
 #: Every router kind of :class:`fvlib.models.ModelConfig` (``router``).
@@ -260,28 +267,42 @@ class BilinearRouter(TokenLinearRouter):
         return self.base + (workspace @ self.interaction).view(-1, self.channels, self.dim)
 
 
+#: The coord router's schedule (:class:`CoordRouter`): over the first ``COORD_SOFT_SHARE`` of the
+#: steps it measures a softmax mixture of the nodes at a temperature falling geometrically from
+#: 1 to ``COORD_FINAL_TEMPERATURE``; after that, and at evaluation, one node.
+COORD_SOFT_SHARE = 0.8
+COORD_FINAL_TEMPERATURE = 0.05
+#: The name of the buffer through which the training loop tells a router how far training is.
+PROGRESS_BUFFER = "progress"
+
+
 class CoordRouter(TokenLinearRouter):
-    """Each channel measures one coordinate: ``k_i = x_{i, a}`` with ``a = argmax_n s_n(Phi)``.
+    """Each channel measures one coordinate: ``k_i = sqrt(D) x_{i, a}`` with ``a = argmax_n s_n(Phi)``.
 
     The scores ``s(Phi) = base + MLP(Phi)`` over the ``D`` nodes (``(d, D)``, one row per
     channel) are made as the gated router's matrix is (``base`` standard normal, the MLP's last
     layer at zero, so every layer starts at a fixed node; at layer 1 ``Phi`` is empty and the
-    node stays fixed, ``argmax base``). :meth:`directions` is the one-hot ``e_a`` **at training
-    and at evaluation alike**: the model never measures a mixture. Training reaches the scores by
-    the straight-through estimator, ``G = e_a + softmax(s) - stop_gradient(softmax(s))``: its
-    value is ``e_a``, its gradient that of ``softmax(s)`` (temperature 1), so the loss pulls up
-    the scores of the nodes whose mixing-in would lower it. There is no temperature schedule:
-    nothing depends on the step, and a trained model is a deterministic coordinate policy
-    (:meth:`nodes`), comparable node for node with greedy's. The estimator is first order: it
-    sees what mixing a node in would do with the decoder as it is, not what the decoder would
-    make of that node, so training can settle on adaptive routes other than greedy's. Same
-    parameter count as :class:`GatedRouter`."""
+    node is ``argmax base``). The direction is scaled by ``sqrt(D)``, the row norm the gated
+    router starts at, so the networks downstream see a signal of the same size.
+
+    **Schedule.** The training loop sets the buffer ``progress`` to the fraction of steps done
+    (:func:`training_progress`; outside a training step it is 1). Over the first
+    :data:`COORD_SOFT_SHARE` of training the router measures the mixture
+    ``sqrt(D) softmax(s / tau)`` with ``tau`` falling geometrically from 1 to
+    :data:`COORD_FINAL_TEMPERATURE`; for the rest, and at every evaluation, it measures the
+    one-hot ``sqrt(D) e_a`` and the scores learn straight-through
+    (``e_a + softmax(s) - stop_gradient(softmax(s))``: value ``e_a``, gradient of
+    ``softmax(s)``), so the decoder finishes on the hard routes it is evaluated on. A trained
+    model is a deterministic coordinate policy (:meth:`nodes`), comparable node for node with
+    greedy's. Same parameter count as :class:`GatedRouter`; no branch on tensor values (the
+    phase is a ``torch.where``), so stacks train under ``torch.func.vmap``."""
 
     def __init__(self, dim: int, channels: int, workspace_dim: int, width: int, hidden_layers: int):
         super().__init__()
         self.dim, self.channels = dim, channels
         self.base = nn.Parameter(torch.randn(channels, dim))
         self.score = make_mlp(workspace_dim, channels * dim, width, hidden_layers) if workspace_dim else None
+        self.register_buffer(PROGRESS_BUFFER, torch.tensor(1.0), persistent=False)
 
     def scores(self, workspace: torch.Tensor) -> torch.Tensor:
         """The node scores ``s(Phi)``: ``(d, D)`` at layer 1, else ``(B, d, D)``."""
@@ -295,9 +316,28 @@ class CoordRouter(TokenLinearRouter):
 
     def directions(self, workspace: torch.Tensor) -> torch.Tensor:
         scores = self.scores(workspace)
+        soft_phase = self.progress < COORD_SOFT_SHARE
+        temperature = torch.pow(COORD_FINAL_TEMPERATURE, (self.progress / COORD_SOFT_SHARE).clamp(max=1.0))
+        mixture = (scores / temperature).softmax(-1)
         soft = scores.softmax(-1)
         hard = torch.zeros_like(soft).scatter(-1, scores.argmax(-1, keepdim=True), 1.0)  # the nodes of nodes()
-        return hard + (soft - soft.detach())  # value e_a, gradient of softmax(s)
+        one_hot = hard + (soft - soft.detach())  # value e_a, gradient of softmax(s)
+        return math.sqrt(self.dim) * torch.where(soft_phase, mixture, one_hot)
+
+
+@contextmanager
+def training_progress(buffers: Iterable[tuple[str, torch.Tensor]], fraction: float) -> Iterator[None]:
+    """Within the block, every buffer named :data:`PROGRESS_BUFFER` among the named ``buffers``
+    (``model.named_buffers()``, or a stack's) holds ``fraction`` (the share of training done);
+    after it, 1 (a trained router). The training loops wrap each step's forward and backward."""
+    progress = [buffer for name, buffer in buffers if name.rsplit(".", 1)[-1] == PROGRESS_BUFFER]
+    for buffer in progress:
+        buffer.fill_(fraction)
+    try:
+        yield
+    finally:
+        for buffer in progress:
+            buffer.fill_(1.0)
 
 
 class MLPRouter(nn.Module):

@@ -56,6 +56,7 @@ from tqdm.auto import tqdm
 
 from .._checks import check_int
 from ..models import FVTransformer
+from ..routers import training_progress
 from .config import TrainConfig, lr_at, resolve_device, training_prior
 from .evaluate import eval_set_key, eval_summary, theta_losses
 from .loop import (
@@ -205,9 +206,10 @@ class _Stack:
         """One Adam step of every model at ``lr_at(step)``; returns the ``k`` losses."""
         set_learning_rate(self.optimizer, lr_at(self.step, self.config))
         data, axis = self._data()
-        losses = vmap(self._loss, in_dims=(0, 0) + (axis,) * len(data))(self.params, self.buffers, *data)  # (k,)
-        self.optimizer.zero_grad(set_to_none=True)
-        losses.sum().backward()  # each model's gradient is that of its own loss
+        with training_progress(self.buffers.items(), self.step / self.config.steps):
+            losses = vmap(self._loss, in_dims=(0, 0) + (axis,) * len(data))(self.params, self.buffers, *data)  # (k,)
+            self.optimizer.zero_grad(set_to_none=True)
+            losses.sum().backward()  # each model's gradient is that of its own loss
         self.optimizer.step()
         self.step += 1
         return losses.tolist()

@@ -280,7 +280,7 @@ class TrainConfig:
     router: str = field(default=DEFAULT_ROUTER, metadata={
         "help": "model A's router: gated (an MLP of the workspace gates the key directions; the default), "
                 "linear (fixed directions: model B's function class), bilinear (G_0 + sum_j Phi_j U_j, no "
-                "hidden layer), coord (one coordinate per layer, straight-through); fvlib.routers",
+                "hidden layer), coord (one coordinate per layer: soft, annealed to one-hot); fvlib.routers",
         "choices": MODEL_A_ROUTERS})
     router_warm_start: int = field(default=RECIPE["router_warm_start"], metadata={
         "help": "model A on the tree prior: steps fitting its router to the greedy policy "

@@ -44,6 +44,7 @@ from .._checks import check_int
 from ..families import DEFAULT_FAMILY
 from ..models import FVTransformer
 from ..priors import Prior
+from ..routers import training_progress
 from ..task import StatisticBatch, TaskBatch, make_generator, sample_statistic_task, sample_task
 from .checkpoint import check_same_run, checkpoint_step, save_checkpoint, stored_config, try_resume, write_config
 from .config import (
@@ -366,7 +367,9 @@ class TrainingRun:
     def train_step(self) -> None:
         prior = self.prior if self.config.alpha_start is None else training_prior(self.config, self.step)
         data = sample_training_batch(prior, self.config, self.generator)
-        self.count_step(training_step(self.model, self.optimizer, *data, lr=lr_at(self.step, self.config)))
+        with training_progress(self.model.named_buffers(), self.step / self.config.steps):
+            loss = training_step(self.model, self.optimizer, *data, lr=lr_at(self.step, self.config))
+        self.count_step(loss)
 
     def count_step(self, loss: float) -> None:
         """Book a finished step and its training loss (:meth:`diverged` if it is not finite)."""

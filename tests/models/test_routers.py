@@ -14,7 +14,15 @@ from fvlib.cli import main
 from fvlib.hooks import hook_name
 from fvlib.interventions import key_patching_sweep
 from fvlib.models import model_a, model_b
-from fvlib.routers import MODEL_A_ROUTERS, BilinearRouter, CoordRouter, GatedRouter, LinearRouter
+from fvlib.routers import (
+    MODEL_A_ROUTERS,
+    BilinearRouter,
+    CoordRouter,
+    GatedRouter,
+    LinearRouter,
+    training_progress,
+)
+from fvlib.theory import theory_baselines
 from fvlib.training import TrainConfig, load_run, run_dir_for, train, train_many
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
@@ -96,10 +104,26 @@ def test_coord_keys_are_one_coordinate_of_the_token_and_the_node_depends_on_the_
         router = model.block(layer).router
         nodes = router.nodes(previous)  # (B, 1)
         chosen = torch.gather(batch.x.float(), 2, nodes[:, None, :].expand(-1, 8, -1))  # (B, N, 1)
-        torch.testing.assert_close(cache[hook_name("keys", layer)], chosen, rtol=0, atol=0)
+        torch.testing.assert_close(cache[hook_name("keys", layer)], 15**0.5 * chosen, rtol=1e-6, atol=0)
         matrix = router.matrix(previous)
-        assert torch.equal(matrix, torch.nn.functional.one_hot(nodes, 15).float())
+        assert torch.equal(matrix != 0, torch.nn.functional.one_hot(nodes, 15).bool())
     assert len(set(model.block(2).router.nodes(cache[hook_name("workspace", 1)])[:, 0].tolist())) > 1
+
+
+def test_coord_router_measures_a_mixture_in_its_soft_phase_and_one_node_after_it():
+    """``training_progress`` drives the schedule: every node weighted at the start, one node in
+    the last fifth of training, and one node again once the training step is over."""
+    router = _randomised(CoordRouter(15, 1, 2, width=8, hidden_layers=1), seed=3)
+    workspace = torch.randn(6, 2, generator=torch.Generator().manual_seed(0))
+    buffers = list(router.named_buffers())
+    with training_progress(buffers, 0.0):
+        start = router.directions(workspace)
+    with training_progress(buffers, 0.9):
+        late = router.directions(workspace)
+    after = router.directions(workspace)
+    assert (start > 0).all() and (start < start.amax(-1, keepdim=True)).sum(-1).min() == 14
+    for matrix in (late, after):
+        assert torch.equal(matrix != 0, torch.nn.functional.one_hot(router.nodes(workspace), 15).bool())
 
 
 def test_key_patching_runs_unchanged_on_the_coord_router():
@@ -131,7 +155,7 @@ def test_train_many_stacks_bilinear_and_coord_models_and_matches_training_alone(
     assert coord.block(3).router.score[-1].weight.abs().max() > 0
     g = _contexts(3, B=16, N=16).pooled().g.float()
     workspace = coord.workspace_from_statistic(g)[:, :2]
-    assert torch.equal(coord.block(3).router.matrix(workspace).sum(-1), torch.ones(16, 1))  # one-hot in eval
+    assert torch.equal((coord.block(3).router.matrix(workspace) != 0).sum(-1), torch.ones(16, 1, dtype=torch.long))
 
 
 def test_config_round_trip_and_directories_with_and_without_the_router():
@@ -181,3 +205,17 @@ def test_cli_refuses_the_router_flag_where_it_does_not_apply(tmp_path, capsys, f
     assert status == 2 and "Traceback" not in err
     assert all(word in err for word in words), err
     assert not (tmp_path / "run").exists()
+
+
+def test_coord_model_a_learns_an_adaptive_route_at_k3():
+    """Tree K = 3, M = 3, N = 32, sigma = 0.1, 300 steps (width 64, batch 256), seed 0: the coord
+    router's A ends below 0.75 times the best non-adaptive coordinates (0.252), so its routes
+    depend on the context. Measured 0.138, about 12 times greedy (0.0113): not near it. The
+    straight-through router without a soft phase ended at 0.260 here. A pin of one seed, not a
+    claim about every start: seeds 1 and 2 end at 0.365 and 0.231 (0.162 and 0.689 without the
+    soft phase); the route search depends on the start (see :class:`fvlib.routers.CoordRouter`)."""
+    config = TrainConfig(model="A", depth=3, n_ctx=32, budget=3, noise_std=0.1, steps=300, batch=256, width=64,
+                         router="coord", expected_loss=True, eval_every=300, eval_contexts=2048, device="cpu")
+    result = train(config, progress=False)
+    references = theory_baselines(make_prior("tree", 3, 0.5), 32, 0.1, 3, samples=2000)
+    assert result.final_loss < 0.75 * references["nonadaptive_coord"]
