@@ -345,7 +345,7 @@ def experiment_show(args) -> dict:
         ratio = f", x{row['ratio_mean']:.2f} greedy" if "ratio_mean" in row else ""
         out[f"{row['variant']} {row['prior']} M={row['budget']}"] = (
             f"{row['mean']:.4g} +- {row['stderr']:.2g} (seeds {row['seeds']}, spread {row['spread']:.2g}, "
-            f"not converged {row['not_converged']}{ratio})")
+            f"converged {row['converged']} of {len(row['seeds'])} seeds{ratio})")
     out["provenance"] = json.dumps(out["provenance"])
     return out
 
