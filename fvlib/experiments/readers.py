@@ -34,8 +34,8 @@ def summarise(data: dict) -> list[dict]:
     """One row per point (variant, prior, budget) of a result: the seeds' final losses
     (``loss``, in seed order) with their Monte Carlo standard errors (``loss_stderr``), their
     mean, Monte Carlo standard error of the mean, spread (std over seeds, ``ddof=1``), the
-    number of runs converged (``converged``, by the file's rule) and not converged, the steps, and the paired ratio to greedy (tree runs: mean
-    over seeds and its spread)."""
+    number of runs converged (``converged``, by the file's rule) and not converged, the steps,
+    and the paired ratio to greedy (tree runs: mean over seeds and its spread)."""
     points = _records_by_point(data)
     rows = []
     for (variant, prior, budget), records in points.items():
