@@ -211,6 +211,14 @@ def test_show_prints_how_many_seeds_converged(trained, capsys):
         v: sum(r["converged"] for r in data["runs"].values() if r["variant"] == v) for v in ("B", "B-still")}
 
 
+def test_list_counts_the_first_doubling_of_every_paired_run(paired_tiny, capsys):
+    assert main(["experiment", "list"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith(NAME))
+    assert "(x3 to x7 when runs are doubled)" in line   # S + 2S at least, S + 2S + 4S at most
+    assert main(["experiment", "list", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["experiments"][NAME]["convergence"] == "paired-doubling"
+
+
 def test_resume_after_a_kill_between_the_doublings_does_not_retrain_s(paired_tiny):
     """S trained and checkpointed, 2S stopped half-way (a process killed before the item reached
     the result file): the run trains 2S on from its checkpoint and reads S's model from its run
