@@ -255,12 +255,13 @@ def experiment_list(args) -> dict:
                                                     1),
                      "stored_cpu_minutes": round(spent / 60, 1),
                      "remaining_cpu_minutes": round(sum(experiments.estimate_seconds(r.config) for r in left) / 60, 1),
-                     "max_doublings": e.max_doublings}
+                     "max_doublings": e.max_doublings, "convergence": e.convergence}
     if args.json:
         return {"experiments": out}
     return {name: f"{v['runs']} runs ({v['stored_runs']} stored, {v['stored_cpu_minutes']} CPU min spent), "
                   f"about {v['remaining_cpu_minutes']} CPU min left"
-                  + (f" before doublings (x1 to x{2 ** (v['max_doublings'] + 1) - 1} when runs are doubled)"
+                  + (f" before doublings (x{3 if v['convergence'] == 'paired-doubling' else 1} to "
+                     f"x{2 ** (v['max_doublings'] + 1) - 1} when runs are doubled)"
                      if v["max_doublings"] else " (no doublings)")
                   + f": {v['description']}" for name, v in out.items()}
 
@@ -345,7 +346,7 @@ def experiment_show(args) -> dict:
         ratio = f", x{row['ratio_mean']:.2f} greedy" if "ratio_mean" in row else ""
         out[f"{row['variant']} {row['prior']} M={row['budget']}"] = (
             f"{row['mean']:.4g} +- {row['stderr']:.2g} (seeds {row['seeds']}, spread {row['spread']:.2g}, "
-            f"not converged {row['not_converged']}{ratio})")
+            f"converged {row['converged']} of {len(row['seeds'])} seeds{ratio})")
     out["provenance"] = json.dumps(out["provenance"])
     return out
 

@@ -57,6 +57,7 @@ from .records import ResultError, ResultFile, RunRecord
 from .references import OPTIMISER_STARTS, SELECTION_SEED, THEORY_SAMPLES, TheoryParams
 from .rules import (
                           CONVERGENCE_DROP,
+                          CONVERGENCE_RULES,
                           FAILURE_COORD_FRACTION,
                           FAILURE_RULE,
                           FINAL_RTOL,
@@ -69,6 +70,8 @@ from .rules import (
                           doubling_gain,
                           failed,
                           last_fifth_drop,
+                          paired_converged,
+                          paired_drop,
                           runs_to_double,
 )
 from .runner import GAP_CONTEXTS, refresh_theory, run, stored
@@ -86,6 +89,7 @@ from .verify import prefix_runs, theory_differences, verify
 
 __all__ = [
     "CONVERGENCE_DROP",
+    "CONVERGENCE_RULES",
     "EXPERIMENTS",
     "FAILURE_COORD_FRACTION",
     "FAILURE_RULE",
@@ -120,6 +124,8 @@ __all__ = [
     "last_fifth_drop",
     "load_result",
     "load_theory_params",
+    "paired_converged",
+    "paired_drop",
     "point_rows",
     "prefix_runs",
     "provenance",

@@ -23,7 +23,7 @@ from ..training import (
     recipe_for,
 )
 from .references import TheoryParams, recipes_theory, reference_theory, tree_theory
-from .rules import FINAL_RTOL, MAX_DOUBLINGS, PREFIX_RTOL
+from .rules import CONVERGENCE_RULES, FINAL_RTOL, MAX_DOUBLINGS, PREFIX_RTOL
 
 __all__ = ["EXPERIMENTS", "RECIPE_STEPS", "STORED_INPUTS", "STORED_WARM_START_FIELDS", "TRANSFORMER_RECIPE_STEPS",
            "Experiment", "Run", "constrained_config", "estimate_seconds", "experiment_names", "get_experiment",
@@ -64,6 +64,9 @@ class Experiment:
         final_rtol: the relative tolerance of a final loss retrained by ``verify --full``
             (:data:`~fvlib.experiments.rules.TOLERANCE_RULE`, :data:`~fvlib.experiments.rules.FINAL_RTOL`):
             ``|retrained - stored| <= final_rtol * |stored|``, whatever the stored numbers say.
+        convergence: the convergence rule of its runs (:data:`~fvlib.experiments.rules.CONVERGENCE_RULES`):
+            ``"last-fifth"`` (the stored experiments of chapter 8) or ``"paired-doubling"`` (the
+            experiments of issue 42 on; it needs ``max_doublings >= 1``: every run trains ``S`` and ``2S``).
     """
 
     name: str
@@ -75,6 +78,14 @@ class Experiment:
     max_doublings: int = MAX_DOUBLINGS
     prefix_rtol: float = PREFIX_RTOL
     final_rtol: float = FINAL_RTOL
+    convergence: str = "last-fifth"
+
+    def __post_init__(self):
+        if self.convergence not in CONVERGENCE_RULES:
+            raise ValueError(f"convergence must be one of {CONVERGENCE_RULES}, got {self.convergence!r}")
+        if self.convergence == "paired-doubling" and self.max_doublings < 1:
+            raise ValueError(f"the paired-doubling rule judges a run by its first doubling: max_doublings must be "
+                             f">= 1, got {self.max_doublings!r}")
 
     @property
     def runs(self) -> list[Run]:

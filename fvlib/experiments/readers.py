@@ -34,8 +34,8 @@ def summarise(data: dict) -> list[dict]:
     """One row per point (variant, prior, budget) of a result: the seeds' final losses
     (``loss``, in seed order) with their Monte Carlo standard errors (``loss_stderr``), their
     mean, Monte Carlo standard error of the mean, spread (std over seeds, ``ddof=1``), the
-    number of runs not converged, the steps, and the paired ratio to greedy (tree runs: mean
-    over seeds and its spread)."""
+    number of runs converged (``converged``, by the file's rule) and not converged, the steps,
+    and the paired ratio to greedy (tree runs: mean over seeds and its spread)."""
     points = _records_by_point(data)
     rows = []
     for (variant, prior, budget), records in points.items():
@@ -44,6 +44,7 @@ def summarise(data: dict) -> list[dict]:
         mean, stderr, spread = (float(v) for v in seed_mean(loss, se))
         row = {"variant": variant, "prior": prior, "budget": budget, "seeds": [r["seed"] for r in records],
                "loss": loss.tolist(), "loss_stderr": se.tolist(), "mean": mean, "stderr": stderr, "spread": spread,
+               "converged": int(sum(r["converged"] for r in records)),
                "not_converged": int(sum(not r["converged"] for r in records)),
                "steps": [r["steps"] for r in records]}
         if all(r.get("greedy_paired") is not None for r in records):

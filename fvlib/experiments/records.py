@@ -25,7 +25,8 @@ those of the items that trained its earlier attempts).
 integer (not a bool) for steps, seeds and budgets, a finite number (no NaN, infinity, null or
 string) for every loss, standard error, time and reference value. Null is allowed exactly where
 the store writes it: a run's ``greedy_paired`` and ``gap`` (not computed), ``train_loss`` at step
-0 of a history, the optional fields of a provenance, a theory not yet computed. The first bad
+0 of a history, the optional fields of a provenance, an attempt's ``drop`` and ``drop_stderr``
+(the paired-doubling rule: null for a run's first attempt), a theory not yet computed. The first bad
 field is named by its path (``runs/KEY/final_loss``). Version 2 (the unsealed files before
 version 3) is read only by :func:`~fvlib.experiments.storage.seal_result`; the fields are the same.
 """
@@ -37,7 +38,7 @@ import re
 from dataclasses import MISSING, dataclass, field, fields
 
 from ..training import ADDED_FIELDS, TrainConfig
-from .rules import CONVERGENCE_DROP, PREFIX_RULE, THEORY_TOLERANCE_RULE, TOLERANCE_RULE
+from .rules import PREFIX_RULE, THEORY_TOLERANCE_RULE, TOLERANCE_RULE, convergence_text
 
 __all__ = ["FORMAT", "HISTORY_FIELDS", "THEORY_KINDS", "VERSION", "Attempt", "Provenance", "ResultError", "ResultFile",
            "Rules", "RunRecord", "finite", "integer", "json_values", "new_result", "theory_kind"]
@@ -141,21 +142,49 @@ def _history(history, where: str) -> list[dict]:
 
 @dataclass
 class Attempt:
-    """One training of a run: its steps, final evaluation loss and whether it converged."""
+    """One training of a run: its steps, final evaluation loss and whether it converged.
+
+    ``drop``, ``drop_stderr``: under the paired-doubling rule
+    (:func:`~fvlib.experiments.rules.paired_drop`), what this attempt's doubling bought: the paired
+    drop of the loss from the previous attempt's final model to this one's and its standard error
+    (both null for a run's first attempt, whose ``converged`` is false: convergence at ``S``
+    needs ``L(2S)``). ``paired``: the attempt was judged by that rule, and its dict carries the
+    two fields; an attempt of the last-fifth rule (the files stored before) has neither field, so
+    that it reads and writes the same bytes (and keeps its seal)."""
 
     steps: int
     final_loss: float
     converged: bool
+    drop: float | None = None
+    drop_stderr: float | None = None
+    paired: bool = False
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "attempt") -> Attempt:
         _checked(cls, data, where)
+        if "paired" in data:
+            raise ResultError(f"{where} has unknown fields ['paired']")
+        paired = "drop" in data or "drop_stderr" in data
+        if paired and not ("drop" in data and "drop_stderr" in data):
+            raise ResultError(f"{_at(where, 'drop_stderr' if 'drop' in data else 'drop')} is missing "
+                              f"(an attempt has both drop and drop_stderr, or neither)")
+        drop = finite(data.get("drop"), _at(where, "drop"), null=True)
+        drop_stderr = finite(data.get("drop_stderr"), _at(where, "drop_stderr"), null=True)
+        if (drop is None) != (drop_stderr is None):
+            raise ResultError(f"{where}: drop and drop_stderr must be both null or both numbers, got "
+                              f"{drop!r} and {drop_stderr!r}")
+        if drop_stderr is not None and drop_stderr < 0:
+            raise ResultError(f"{_at(where, 'drop_stderr')} must be >= 0, got {drop_stderr!r}")
         return cls(steps=integer(data["steps"], _at(where, "steps"), 1),
                    final_loss=finite(data["final_loss"], _at(where, "final_loss")),
-                   converged=_typed(data["converged"], bool, _at(where, "converged")))
+                   converged=_typed(data["converged"], bool, _at(where, "converged")),
+                   drop=drop, drop_stderr=drop_stderr, paired=paired)
 
     def to_dict(self) -> dict:
-        return {"steps": self.steps, "final_loss": self.final_loss, "converged": self.converged}
+        out = {"steps": self.steps, "final_loss": self.final_loss, "converged": self.converged}
+        if self.paired:
+            out.update(drop=self.drop, drop_stderr=self.drop_stderr)
+        return out
 
 
 #: The type of each field of a :class:`Provenance`: ``str``, ``bool``, ``int`` or ``float`` (a
@@ -395,9 +424,7 @@ def new_result(experiment) -> ResultFile:
     return ResultFile(
         experiment=experiment.name, description=experiment.description, chapter=experiment.chapter,
         planned_runs=[r.key for r in experiment.runs],
-        rules=Rules(convergence=f"the evaluation loss fell by less than {CONVERGENCE_DROP:.0%} over the last "
-                                f"fifth of the steps; otherwise retrained with twice the steps, at most "
-                                f"{experiment.max_doublings} times",
+        rules=Rules(convergence=convergence_text(experiment.convergence, experiment.max_doublings),
                     tolerance=TOLERANCE_RULE.format(rtol=experiment.final_rtol),
                     prefix=PREFIX_RULE.format(rtol=experiment.prefix_rtol),
                     theory_tolerance=THEORY_TOLERANCE_RULE),

@@ -1,9 +1,19 @@
 """The rules of the stored experiments, each stated in words beside the function that applies it.
 
-* **Convergence** (:data:`CONVERGENCE_DROP`, :func:`last_fifth_drop`, :func:`converged`): a run
-  whose evaluation loss still fell by 2% or more over the last fifth of its steps is trained
-  again from the start with twice the steps, at most :data:`MAX_DOUBLINGS` times
-  (:func:`may_double`, :func:`runs_to_double`; :func:`doubling_gain`: what a doubling bought).
+* **Convergence**, by the rule an experiment's definition names (:data:`CONVERGENCE_RULES`,
+  :func:`convergence_text`): a run that has not converged is trained again from the start with
+  twice the steps, at most :data:`MAX_DOUBLINGS` times (:func:`may_double`,
+  :func:`runs_to_double`; :func:`doubling_gain`: what a doubling bought).
+
+  - ``last-fifth`` (the stored files of chapter 8; :data:`CONVERGENCE_DROP`,
+    :func:`last_fifth_drop`, :func:`converged`): the evaluation loss fell by less than 2% over
+    the last fifth of the steps.
+  - ``paired-doubling`` (:func:`paired_drop`, :func:`paired_converged`): every run trains ``S``
+    and ``2S`` steps at least; after each doubling the per-context excess losses of the previous
+    attempt's final model ``e_prev`` and of this attempt's ``e_this``, on the same evaluation
+    contexts, give the paired drop ``d = mean(e_prev - e_this)`` and its standard error ``SE``;
+    the run converged at the previous attempt's steps iff ``d < 0.02 L(prev) + 2 SE``
+    (:data:`PAIRED_RELATIVE_DROP`, :data:`PAIRED_STDERRS`).
 * **Tolerances** of the verification: :data:`PREFIX_RULE` (the quick check, :data:`PREFIX_RTOL`),
   :data:`TOLERANCE_RULE` (a retrained run, :func:`tolerance`, :data:`FINAL_RTOL`), :data:`THEORY_TOLERANCE_RULE`
   (the references; the strategies that choose: :func:`~fvlib.theory.strategies.choosing_strategies`).
@@ -17,10 +27,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import torch
+
 from ..families import get_family
+from ..stats import mean_and_stderr
 
 __all__ = [
     "CONVERGENCE_DROP",
+    "CONVERGENCE_RULES",
+    "PAIRED_RELATIVE_DROP",
+    "PAIRED_STDERRS",
     "FAILURE_COORD_FRACTION",
     "FINAL_RTOL",
     "FAILURE_RULE",
@@ -30,10 +46,13 @@ __all__ = [
     "THEORY_TOLERANCE_RULE",
     "TOLERANCE_RULE",
     "converged",
+    "convergence_text",
     "doubling_gain",
     "failed",
     "last_fifth_drop",
     "may_double",
+    "paired_converged",
+    "paired_drop",
     "point_of",
     "runs_to_double",
     "tolerance",
@@ -41,6 +60,20 @@ __all__ = [
 
 #: A run whose loss still falls this much (relative) over its last fifth is not converged.
 CONVERGENCE_DROP = 0.02
+
+
+#: The convergence rules an experiment's definition may name
+#: (:attr:`~fvlib.experiments.definitions.Experiment.convergence`; module docs).
+CONVERGENCE_RULES = ("last-fifth", "paired-doubling")
+
+
+#: The paired-doubling rule's relative term: a doubling that lowered the loss by less than this
+#: fraction of the previous attempt's loss (plus :data:`PAIRED_STDERRS` standard errors) bought nothing.
+PAIRED_RELATIVE_DROP = 0.02
+
+
+#: The paired-doubling rule's noise term, in standard errors of the paired drop.
+PAIRED_STDERRS = 2.0
 
 
 #: How many times :func:`~fvlib.experiments.runner.run` doubles the steps of a run that has not converged.
@@ -142,6 +175,53 @@ def converged(history: Sequence[dict], steps: int) -> bool:
     """``True`` when the evaluation loss fell by less than 2% over the last fifth of ``steps``
     (:func:`last_fifth_drop`)."""
     return bool(last_fifth_drop(history, steps) < CONVERGENCE_DROP)
+
+
+def paired_drop(previous, this) -> tuple[float, float]:
+    """The paired drop of a doubling and its standard error: ``d = mean(previous - this)`` over
+    the contexts, ``SE = std(previous - this) / sqrt(n)`` (``ddof=1``).
+
+    Args:
+        previous, this: the per-context excess losses ``(n,)`` of the previous attempt's final
+            model and of this attempt's, on the same evaluation contexts in the same order
+            (tensors, arrays or sequences of numbers; ``n >= 2``).
+
+    Raises:
+        ValueError: vectors of other shapes, fewer than two contexts, or a value that is not finite.
+    """
+    previous = torch.as_tensor(previous, dtype=torch.float64)
+    this = torch.as_tensor(this, dtype=torch.float64)
+    if previous.dim() != 1 or previous.shape != this.shape or previous.numel() < 2:
+        raise ValueError(f"paired_drop needs two loss vectors of one shape (n,) with n >= 2, got previous "
+                         f"{tuple(previous.shape)} and this {tuple(this.shape)}")
+    if not (torch.isfinite(previous).all() and torch.isfinite(this).all()):
+        raise ValueError("paired_drop needs finite per-context losses, got a NaN or an infinity")
+    drop, stderr = mean_and_stderr(previous - this)
+    return float(drop), float(stderr)
+
+
+def paired_converged(drop: float, drop_stderr: float, previous_loss: float) -> bool:
+    """The paired-doubling rule: a run converged at the previous attempt's steps when its doubling
+    lowered the loss by less than :data:`PAIRED_RELATIVE_DROP` of ``previous_loss`` (``L(prev)``,
+    the previous attempt's final loss) plus :data:`PAIRED_STDERRS` standard errors of the paired
+    drop (``drop``, ``drop_stderr``: :func:`paired_drop`)."""
+    return bool(drop < PAIRED_RELATIVE_DROP * previous_loss + PAIRED_STDERRS * drop_stderr)
+
+
+def convergence_text(rule: str, max_doublings: int) -> str:
+    """The convergence rule ``rule`` (:data:`CONVERGENCE_RULES`) in words, as a result file states
+    it (``rules/convergence``)."""
+    if rule == "last-fifth":
+        return (f"the evaluation loss fell by less than {CONVERGENCE_DROP:.0%} over the last fifth of the steps; "
+                f"otherwise retrained with twice the steps, at most {max_doublings} times")
+    if rule == "paired-doubling":
+        return (f"every run trains S and 2S steps (from scratch each); on the same evaluation contexts the "
+                f"per-context excess losses of the two final models give the paired drop d = L(S) - L(2S) and "
+                f"its standard error SE; converged at S iff d < {PAIRED_RELATIVE_DROP:g} L(S) + "
+                f"{PAIRED_STDERRS:g} SE; otherwise doubled again, at most {max_doublings} doublings; the "
+                f"final numbers are the last attempt's; a run still improving after the last doubling is "
+                f"stored as not converged (capped) with the drop its last doubling bought")
+    raise ValueError(f"convergence must be one of {CONVERGENCE_RULES}, got {rule!r}")
 
 
 def may_double(attempts: list, experiment) -> bool:

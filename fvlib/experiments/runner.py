@@ -9,8 +9,11 @@
   final excess loss and Monte Carlo standard error, the ``converged`` flag and the provenance of
   the process that trained it. An experiment can therefore span several working sessions and
   machines: runs already in the file are not trained again.
-* **Converged, or trained until it is** (:mod:`fvlib.experiments.rules`); the record keeps
-  every attempt.
+* **Converged, or trained until it is**, by the rule the definition names
+  (:attr:`~fvlib.experiments.definitions.Experiment.convergence`, :mod:`fvlib.experiments.rules`);
+  the record keeps every attempt. Under the paired-doubling rule every run trains ``S`` and
+  ``2S`` at least, and each doubling is judged on the run's evaluation contexts against the
+  previous attempt's final model, loaded from its run directory (never retrained).
 * **Analyses in the worker.** Every tree run carries its ratio to the greedy policy on its own
   evaluation contexts (paired, :func:`fvlib.stats.paired_ratio`); the runs of the variants of
   :attr:`~fvlib.experiments.definitions.Experiment.gap_variants` carry chapter 8's gap table
@@ -34,11 +37,15 @@ from ..priors import get_prior_kind
 from ..training import (
     EVAL_SEED_OFFSET,
     TrainConfig,
+    build_prior,
+    load_run,
+    per_context_losses,
     resolve_device,
     run_dir_for,
     train_many,
 )
 from ..training.checkpoint import load_history
+from ..training.evaluate import eval_set_key, sample_eval_batches
 from ..training.rundir import RunDirError, has_checkpoint
 from ..workers import worker_pool
 from .beside_theory import gap_record, greedy_paired
@@ -46,7 +53,7 @@ from .definitions import Experiment, Run, estimate_seconds, get_experiment
 from .provenance import git_commit, provenance, provenances_of
 from .records import Provenance, ResultFile, RunRecord, new_result, theory_kind
 from .references import TheoryParams
-from .rules import converged, may_double, runs_to_double
+from .rules import converged, may_double, paired_converged, paired_drop, runs_to_double
 from .storage import (
     check_results_dir,
     load_result,
@@ -80,7 +87,7 @@ def _record(run_: Run, result, attempts: list, gap: bool) -> dict:
     last = result.history[-1]
     record = {"key": run_.key, **run_.labels, "config": c.to_dict(), "final_loss": last["eval_excess_loss"],
               "final_stderr": last["eval_stderr"], "final_query_loss": last["eval_query_loss"],
-              "steps": c.steps, "converged": converged(result.history, c.steps), "attempts": attempts,
+              "steps": c.steps, "converged": attempts[-1]["converged"], "attempts": attempts,
               "history": result.history}
     if get_prior_kind(c.prior).is_tree:
         record["greedy_paired"] = _greedy_paired(result.model, c)
@@ -89,9 +96,38 @@ def _record(run_: Run, result, attempts: list, gap: bool) -> dict:
     return record
 
 
-def _attempt(result) -> dict:
+def _attempt(result, experiment: Experiment) -> dict:
+    """A run's first attempt: under the last-fifth rule judged by its own history; under the
+    paired-doubling rule not converged (convergence at ``S`` needs ``L(2S)``), its drop null."""
+    steps = result.config.steps
+    if experiment.convergence == "paired-doubling":
+        return {"steps": steps, "final_loss": result.final_loss, "converged": False, "drop": None,
+                "drop_stderr": None}
+    return {"steps": steps, "final_loss": result.final_loss, "converged": converged(result.history, steps)}
+
+
+def _eval_losses(model, config: TrainConfig) -> torch.Tensor:
+    """``model``'s per-context excess losses ``(eval_contexts,)`` on ``config``'s evaluation
+    contexts (those its run was evaluated on)."""
+    batches = sample_eval_batches(build_prior(config), config.n_ctx, config.noise_std, config.eval_contexts,
+                                  config.effective_data_seed + EVAL_SEED_OFFSET, statistic=config.statistic)
+    return per_context_losses(model, batches)[0]
+
+
+def _doubled_attempt(result, experiment: Experiment, previous: dict, previous_config: TrainConfig, root) -> dict:
+    """The attempt of a doubled run (``result``), ``previous`` the attempt before it (of
+    ``previous_config``): under the paired-doubling rule, the paired drop from the previous
+    attempt's final model (loaded from its run directory under ``root``) to this one on the same
+    evaluation contexts, and whether it converged at the previous attempt's steps."""
+    if experiment.convergence != "paired-doubling":
+        return _attempt(result, experiment)
+    if eval_set_key(previous_config) != eval_set_key(result.config):
+        raise ValueError(f"a doubling of {previous_config.steps} steps changed the evaluation contexts: "
+                         f"{eval_set_key(previous_config)} -> {eval_set_key(result.config)}")
+    before, _, _ = load_run(run_dir_for(previous_config, root))
+    drop, stderr = paired_drop(_eval_losses(before, previous_config), _eval_losses(result.model, result.config))
     return {"steps": result.config.steps, "final_loss": result.final_loss,
-            "converged": converged(result.history, result.config.steps)}
+            "converged": paired_converged(drop, stderr, previous["final_loss"]), "drop": drop, "drop_stderr": stderr}
 
 
 def _seconds_spent(dirs) -> float:
@@ -128,7 +164,7 @@ def _train_item(args) -> list[dict]:
         dirs = [run_dir_for(c, root) for c in configs]
         resumed = _seconds_spent(dirs)
         results = train_many(configs, dirs, progress=progress)
-        attempts = [[_attempt(r)] for r in results]
+        attempts = [[_attempt(r, experiment)] for r in results]
         configs = [r.config for r in results]
     else:
         results = [None] * len(item)
@@ -141,8 +177,8 @@ def _train_item(args) -> list[dict]:
         dirs = [run_dir_for(c, root) for c in longer]
         resumed += _seconds_spent(dirs)
         for i, result in zip(todo, train_many(longer, dirs, progress=progress)):
+            attempts[i].append(_doubled_attempt(result, experiment, attempts[i][-1], configs[i], root))
             results[i], configs[i] = result, result.config
-            attempts[i].append(_attempt(result))
     # a resumed item also cost what earlier processes spent (one thread: their CPU ~ their wall)
     prov = provenance(device, time.perf_counter() - wall + resumed, time.process_time() - cpu + resumed, code)
     prov["resumed_seconds"] = round(resumed, 2)
