@@ -271,6 +271,7 @@ class BilinearRouter(TokenLinearRouter):
 #: steps it measures a softmax mixture of the nodes at a temperature falling geometrically from
 #: 1 to ``COORD_FINAL_TEMPERATURE``; after that, and at evaluation, one node.
 COORD_SOFT_SHARE = 0.8
+#: The temperature the coord router's softmax mixture reaches at the end of its soft phase.
 COORD_FINAL_TEMPERATURE = 0.05
 #: The name of the buffer through which the training loop tells a router how far training is.
 PROGRESS_BUFFER = "progress"

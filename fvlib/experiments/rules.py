@@ -67,8 +67,8 @@ CONVERGENCE_DROP = 0.02
 CONVERGENCE_RULES = ("last-fifth", "paired-doubling")
 
 
-#: The paired-doubling rule's relative term: a doubling that lowered the loss by less than this
-#: fraction of the previous attempt's loss (plus :data:`PAIRED_STDERRS` standard errors) bought nothing.
+#: The relative term of the paired-doubling rule (a doubling that lowered the loss by less than this
+#: fraction of the previous attempt's loss, plus :data:`PAIRED_STDERRS` standard errors, bought nothing).
 PAIRED_RELATIVE_DROP = 0.02
 
 
