@@ -37,7 +37,6 @@ from ..priors import get_prior_kind
 from ..training import (
     EVAL_SEED_OFFSET,
     TrainConfig,
-    build_prior,
     load_run,
     per_context_losses,
     resolve_device,
@@ -45,7 +44,7 @@ from ..training import (
     train_many,
 )
 from ..training.checkpoint import load_history
-from ..training.evaluate import eval_set_key, sample_eval_batches
+from ..training.evaluate import eval_set_key, run_eval_batches
 from ..training.rundir import RunDirError, has_checkpoint
 from ..workers import worker_pool
 from .beside_theory import gap_record, greedy_paired
@@ -106,14 +105,6 @@ def _attempt(result, experiment: Experiment) -> dict:
     return {"steps": steps, "final_loss": result.final_loss, "converged": converged(result.history, steps)}
 
 
-def _eval_losses(model, config: TrainConfig) -> torch.Tensor:
-    """``model``'s per-context excess losses ``(eval_contexts,)`` on ``config``'s evaluation
-    contexts (those its run was evaluated on)."""
-    batches = sample_eval_batches(build_prior(config), config.n_ctx, config.noise_std, config.eval_contexts,
-                                  config.effective_data_seed + EVAL_SEED_OFFSET, statistic=config.statistic)
-    return per_context_losses(model, batches)[0]
-
-
 def _doubled_attempt(result, experiment: Experiment, previous: dict, previous_config: TrainConfig, root) -> dict:
     """The attempt of a doubled run (``result``), ``previous`` the attempt before it (of
     ``previous_config``): under the paired-doubling rule, the paired drop from the previous
@@ -125,7 +116,8 @@ def _doubled_attempt(result, experiment: Experiment, previous: dict, previous_co
         raise ValueError(f"a doubling of {previous_config.steps} steps changed the evaluation contexts: "
                          f"{eval_set_key(previous_config)} -> {eval_set_key(result.config)}")
     before, _, _ = load_run(run_dir_for(previous_config, root))
-    drop, stderr = paired_drop(_eval_losses(before, previous_config), _eval_losses(result.model, result.config))
+    batches = run_eval_batches(result.config)   # the same contexts for both (eval_set_key)
+    drop, stderr = paired_drop(per_context_losses(before, batches)[0], per_context_losses(result.model, batches)[0])
     return {"steps": result.config.steps, "final_loss": result.final_loss,
             "converged": paired_converged(drop, stderr, previous["final_loss"]), "drop": drop, "drop_stderr": stderr}
 

@@ -18,10 +18,11 @@ from ..models import FVTransformer
 from ..priors import Prior
 from ..stats import mean_and_stderr, squared_error
 from ..task import StatisticBatch, TaskBatch, make_generator, sample_statistic_task, sample_task
-from .config import TrainConfig
+from .config import EVAL_SEED_OFFSET, TrainConfig, build_prior
 
 __all__ = [
     "sample_eval_batches",
+    "run_eval_batches",
     "eval_set_key",
     "theta_losses",
     "per_context_losses",
@@ -42,6 +43,14 @@ def sample_eval_batches(prior, n_ctx, noise_std, contexts, seed, chunk=512, *,
     sizes = [min(chunk, contexts - start) for start in range(0, contexts, chunk)]
     return [sample(prior, size, n_ctx, noise_std, generator) for size in sizes]
 
+
+
+def run_eval_batches(config: TrainConfig) -> list[TaskBatch] | list[StatisticBatch]:
+    """The evaluation set of the run of ``config`` (the one its history was evaluated on):
+    ``eval_contexts`` contexts of its prior, drawn with ``effective_data_seed +
+    EVAL_SEED_OFFSET``, as tokens or as statistics as the run reads them."""
+    return sample_eval_batches(build_prior(config), config.n_ctx, config.noise_std, config.eval_contexts,
+                               config.effective_data_seed + EVAL_SEED_OFFSET, statistic=config.statistic)
 
 @torch.no_grad()
 def evaluate_batches(model, batches: list[TaskBatch]) -> dict:

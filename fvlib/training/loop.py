@@ -48,7 +48,6 @@ from ..routers import training_progress
 from ..task import StatisticBatch, TaskBatch, make_generator, sample_statistic_task, sample_task
 from .checkpoint import check_same_run, checkpoint_step, save_checkpoint, stored_config, try_resume, write_config
 from .config import (
-    EVAL_SEED_OFFSET,
     WARM_START_LR,
     WARM_START_SEED_OFFSET,
     TrainConfig,
@@ -58,7 +57,7 @@ from .config import (
     resolve_device,
     training_prior,
 )
-from .evaluate import evaluate_batches, sample_eval_batches
+from .evaluate import evaluate_batches, run_eval_batches
 from .rundir import MODEL_FILE, RunDirError, RunLock, check_run_dir, recover, start_over
 from .warm_start import is_router_parameter, warm_start_router
 
@@ -300,16 +299,7 @@ class TrainingRun:
         self.model = build_model(config).to(resolve_device(config.device))
         self.optimizer = torch.optim.Adam(parameter_groups(self.model, config), lr=config.lr)
         self.generator = make_generator(config.effective_data_seed)
-        if eval_batches is None:
-            eval_batches = sample_eval_batches(
-                self.prior,
-                config.n_ctx,
-                config.noise_std,
-                config.eval_contexts,
-                config.effective_data_seed + EVAL_SEED_OFFSET,
-                statistic=config.statistic,
-            )
-        self.eval_batches = eval_batches
+        self.eval_batches = run_eval_batches(config) if eval_batches is None else eval_batches
         self.step, self.history = 0, []
         self.saved_step: int | None = None  # the step of the checkpoint in out_dir
         self.scalars = {"loss_sum": 0.0, "loss_count": 0, "seconds": 0.0}
