@@ -22,12 +22,19 @@ from ..training import (
     curriculum_start,
     recipe_for,
 )
-from .references import TheoryParams, recipes_theory, reference_theory, tree_theory
+from .references import (
+    LARGE_THEORY_SAMPLES,
+    TREE_CURVES,
+    TheoryParams,
+    recipes_theory,
+    reference_theory,
+    tree_theory,
+)
 from .rules import CONVERGENCE_RULES, FINAL_RTOL, MAX_DOUBLINGS, PREFIX_RTOL
 
-__all__ = ["EXPERIMENTS", "RECIPE_STEPS", "STORED_INPUTS", "STORED_WARM_START_FIELDS", "TRANSFORMER_RECIPE_STEPS",
-           "Experiment", "Run", "constrained_config", "estimate_seconds", "experiment_names", "get_experiment",
-           "run_key", "same_config"]
+__all__ = ["CONTROL_VARIANTS", "EXPERIMENTS", "RECIPE_STEPS", "STORED_INPUTS", "STORED_WARM_START_FIELDS",
+           "TRANSFORMER_RECIPE_STEPS", "Experiment", "Run", "constrained_config", "controls_config",
+           "estimate_seconds", "experiment_names", "get_experiment", "run_key", "same_config"]
 
 @dataclass(frozen=True)
 class Run:
@@ -257,6 +264,52 @@ def _recipes_transformer(steps: int = 3000, seeds=(0, 1, 2)) -> Experiment:
                       max_doublings=0)
 
 
+#: The variants of the controls experiments, by name: model A with each router of
+#: :data:`fvlib.routers.MODEL_A_ROUTERS` it is compared with (``A`` the gated MLP router of the
+#: paper, ``A-bilinear`` a router with no hidden layer, ``A-coord`` a router that measures one
+#: coordinate per layer), and the one-layer models B and C.
+CONTROL_VARIANTS = ("A", "A-bilinear", "A-coord", "B", "C")
+
+
+def controls_config(variant: str, steps: int = 3000, **task) -> TrainConfig:
+    """The one recipe of the controls experiments (``controls-k6``, ``long-context-k6``,
+    ``controls-k8``) for ``variant`` of :data:`CONTROL_VARIANTS` on ``task`` (``prior``, ``depth``,
+    ``alpha``, ``n_ctx``, ``noise_std``, ``budget``): the learning recipe of ``python -m fvlib
+    train`` (:func:`~fvlib.training.config.recipe_for`: no teacher, the expected loss, a batch of
+    512 and on the tree its curriculum) for every model, trained on the pooled statistic, ``steps``
+    steps with 20 evaluations on 2048 contexts, the data of seed 0 for every seed."""
+    if variant not in CONTROL_VARIANTS:
+        raise ValueError(f"variant must be one of {CONTROL_VARIANTS}, got {variant!r}")
+    model, _, router = variant.partition("-")
+    recipe = recipe_for("constrained", task["prior"], task["alpha"])
+    extra = {"router": router} if router else {}
+    return TrainConfig(model=model, steps=steps, eval_every=steps // 20, eval_contexts=2048, checkpoint_every=500,
+                       data_seed=0, device="cpu", inputs="statistic", **extra, **recipe, **task)
+
+
+def _controls(name: str, depth: int, n_ctx: int, tree_variants: Sequence[str], twin_variants: Sequence[str],
+              description: str, seeds=(0, 1, 2)) -> Experiment:
+    """Depth curves (budgets ``1..depth``) of ``tree_variants`` on the tree (``alpha = 1/2``,
+    ``sigma = 0``) and ``twin_variants`` on its Gaussian twin, with :func:`controls_config`, judged by
+    the paired-doubling rule; references on :data:`~fvlib.experiments.references.LARGE_THEORY_SAMPLES`
+    contexts, with the twin's closed form and the finite-``N`` floor."""
+    budgets = range(1, depth + 1)
+    task = dict(depth=depth, alpha=0.5, n_ctx=n_ctx, noise_std=0.0)
+
+    def point(variant: str, prior: str, m: int) -> tuple:
+        base = controls_config(variant, prior=prior, budget=m, **task)
+        return tuple(Run(_key(variant, c), variant, c) for c in (replace(base, seed=s) for s in seeds))
+
+    items = tuple(point(v, "tree", m) for v in tree_variants for m in budgets)
+    items += tuple(point(v, "gaussian-twin", m) for v in twin_variants for m in budgets)
+    theory = tree_theory(depth, 0.5, n_ctx, 0.0, budgets, samples=LARGE_THEORY_SAMPLES,
+                         names=TREE_CURVES + ("lmmse",), twin=bool(twin_variants), floor=True)
+    return Experiment(name, f"{description}; tree K = {depth}, alpha = 0.5, N = {n_ctx}, sigma = 0, budgets "
+                            f"1..{depth}; seeds {', '.join(map(str, seeds))}; the learning recipe on the statistic, "
+                            f"3000 steps, paired doublings", "08_experiments", items, theory, gap_variants=("A",),
+                      max_doublings=2, convergence="paired-doubling")
+
+
 #: The catalogue of named experiments, by name (``python -m fvlib experiment list``).
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     _depth_sweep("depth-sweep-k6", 6, ("A-scratch", "A-warm", "B"), "08_experiments"),
@@ -267,6 +320,11 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     _reference_k6(),
     _recipes_a(),
     _recipes_transformer(),
+    _controls("controls-k6", 6, 128, CONTROL_VARIANTS, ("A", "B", "C"),
+              "the controls: A with its three routers, B, C on the tree; A, B, C on the Gaussian twin"),
+    _controls("long-context-k6", 6, 1024, ("A", "A-coord", "B"), (),
+              "the long context: A, A-coord, B on the tree"),
+    _controls("controls-k8", 8, 128, ("A", "A-coord", "B"), (), "the deeper tree: A, A-coord, B"),
 )}
 
 

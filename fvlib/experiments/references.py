@@ -36,8 +36,9 @@ from ..training.config import build_prior
 from .beside_theory import MATCHING_BASELINE, theory_reference
 from .records import ResultError
 
-__all__ = ["OPTIMISER_STARTS", "SELECTION_SEED", "THEORY_PARAMS_FORMAT", "THEORY_PARAMS_SUFFIX", "THEORY_SAMPLES",
-           "TheoryParams", "optimised_tree", "recipes_theory", "reference_theory", "tree_theory"]
+__all__ = ["LARGE_THEORY_SAMPLES", "OPTIMISER_STARTS", "SELECTION_SEED", "THEORY_PARAMS_FORMAT", "THEORY_PARAMS_SUFFIX",
+           "THEORY_SAMPLES", "TREE_CURVES", "TheoryParams", "finite_n_floor", "optimised_tree", "recipes_theory",
+           "reference_theory", "tree_theory", "twin_closed_form"]
 
 #: Monte Carlo contexts of the stored theory curves.
 THEORY_SAMPLES = 4000
@@ -157,22 +158,40 @@ class TheoryParams:
         return {"optimiser_starts": self.starts, "selection_seed": self.selection_seed}
 
 
-def tree_theory(depth: int, alpha: float, n_ctx: int, noise_std: float, budgets) -> Callable[[TheoryParams], dict]:
-    """The depth sweeps' references: Monte Carlo curves over ``budgets`` and noise-free forms; the
-    optimised ones with the parameters ``M<budget>/nonadaptive_opt`` and ``M<budget>/adaptive_opt``."""
+#: The tree strategies of the depth sweeps' curves (:func:`tree_theory`).
+TREE_CURVES = ("adaptive_greedy", "adaptive_opt", "nonadaptive_opt", "nonadaptive_best_coord", "nonadaptive_coord")
+
+#: Monte Carlo contexts of the references of the experiments of issue 42 on (``controls-k6``,
+#: ``long-context-k6``, ``controls-k8``): enough that a ratio of a trained loss to a reference
+#: moves with the reference's contexts by less than its stated standard error.
+LARGE_THEORY_SAMPLES = 100_000
+
+
+def tree_theory(depth: int, alpha: float, n_ctx: int, noise_std: float, budgets, *,
+                samples: int = THEORY_SAMPLES, names: Sequence[str] = TREE_CURVES,
+                twin: bool = False, floor: bool = False) -> Callable[[TheoryParams], dict]:
+    """The depth sweeps' references: Monte Carlo curves of the strategies ``names`` over ``budgets``
+    (``samples`` contexts of seed 0, each curve ``{"mean": [...], "stderr": [...]}``) and noise-free
+    forms; the optimised ones with the parameters ``M<budget>/nonadaptive_opt`` and
+    ``M<budget>/adaptive_opt``. ``twin``: add ``"twin"``, the closed form of the Gaussian twin at
+    each budget (the value of A, B and C there: depth buys nothing). ``floor``: add ``"floor"``, the
+    finite-``N`` floor (:func:`finite_n_floor`), one number for every budget."""
 
     def compute(params: TheoryParams) -> dict:
         tree = TreePrior(depth, alpha)
-        names = ("adaptive_greedy", "adaptive_opt", "nonadaptive_opt", "nonadaptive_best_coord",
-                 "nonadaptive_coord")
         curves = {n: {"mean": [], "stderr": []} for n in names}
         for m in budgets:
-            est = optimised_tree(params, f"M{m}", tree, n_ctx, noise_std, int(m), names)
+            est = optimised_tree(params, f"M{m}", tree, n_ctx, noise_std, int(m), names, samples=samples)
             for n in names:
                 curves[n]["mean"].append(est[n]["mean"])
                 curves[n]["stderr"].append(est[n]["stderr"])
-        return {"budgets": [int(m) for m in budgets], "curves": curves, "samples": THEORY_SAMPLES,
-                "seed": 0, **params.described(), "noisefree": {
+        extra = {}
+        if twin:
+            extra["twin"] = [twin_closed_form(depth, alpha, n_ctx, noise_std, int(m)) for m in budgets]
+        if floor:
+            extra["floor"] = finite_n_floor(tree, n_ctx, noise_std, samples=samples)
+        return {"budgets": [int(m) for m in budgets], "curves": curves, "samples": samples,
+                "seed": 0, **params.described(), **extra, "noisefree": {
                     "adaptive": [noisefree_adaptive_loss(tree, int(m)) for m in budgets],
                     "best_fixed_coordinates": [noisefree_nodes_loss(tree, best_fixed_nodes(tree, int(m)))
                                                for m in budgets]},
@@ -181,13 +200,34 @@ def tree_theory(depth: int, alpha: float, n_ctx: int, noise_std: float, budgets)
     return compute
 
 
+def twin_closed_form(depth: int, alpha: float, n_ctx: int, noise_std: float, budget: int) -> float:
+    """The excess loss of measuring the ``budget`` largest-variance coordinates of the tree's
+    Gaussian twin (depth ``depth``, decay ``alpha``) at ``N = n_ctx``: the value of models A, B
+    and C there (:func:`~fvlib.experiments.beside_theory.theory_reference`)."""
+    config = TrainConfig(prior="gaussian-twin", depth=depth, alpha=alpha, n_ctx=n_ctx, noise_std=noise_std,
+                         budget=budget)
+    return theory_reference(config)["value"]
+
+
+def finite_n_floor(tree: TreePrior, n_ctx: int, noise_std: float, samples: int = THEORY_SAMPLES,
+                   seed: int = 0) -> dict:
+    """The finite-``N`` floor: the excess loss of the Bayes decoder that reads *every* coordinate
+    of the pooled statistic (all ``D`` nodes, its Gaussian-channel likelihood), on ``samples``
+    finite-``N`` contexts of ``seed``. No model that reads the statistic through ``M <= D``
+    measurements does better by more than the channel approximation's error; ``{"mean", "stderr"}``."""
+    nodes = torch.arange(tree.dim)
+    est = evaluate_strategies(tree, n_ctx, noise_std, tree.dim, samples=samples, seed=seed,
+                              strategies=("nonadaptive_best_coord",), nodes=nodes)["nonadaptive_best_coord"]
+    return {"mean": est.mean, "stderr": est.stderr}
+
+
 def optimised_tree(params: TheoryParams, key: str, tree: TreePrior, n_ctx: int, noise_std: float,
-                    budget: int, strategies: Sequence[str]) -> dict:
-    """``{strategy: {"mean", "stderr"}}`` on the tree, the optimised ones with the parameters
-    ``KEY/nonadaptive_opt`` and ``KEY/adaptive_opt``."""
+                    budget: int, strategies: Sequence[str], samples: int = THEORY_SAMPLES) -> dict:
+    """``{strategy: {"mean", "stderr"}}`` on the tree on ``samples`` contexts of seed 0, the
+    optimised ones with the parameters ``KEY/nonadaptive_opt`` and ``KEY/adaptive_opt``."""
     Q = params.directions(f"{key}/nonadaptive_opt", tree, n_ctx, noise_std, budget)
     policy = params.policy(f"{key}/adaptive_opt", tree, n_ctx, noise_std, budget, Q)
-    est = evaluate_strategies(tree, n_ctx, noise_std, budget, samples=THEORY_SAMPLES, seed=0,
+    est = evaluate_strategies(tree, n_ctx, noise_std, budget, samples=samples, seed=0,
                               strategies=tuple(strategies), directions=Q, policy=policy)
     return {n: {"mean": e.mean, "stderr": e.stderr} for n, e in est.items()}
 
