@@ -20,7 +20,8 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["independent_ratio", "mean_and_stderr", "paired_ratio", "relative_gap", "seed_mean", "squared_error"]
+__all__ = ["independent_ratio", "mean_and_stderr", "paired_ratio", "relative_gap", "seed_mean", "seed_mean_stderr",
+           "side_of", "squared_error"]
 
 
 def squared_error(theta_hat: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
@@ -68,6 +69,31 @@ def independent_ratio(a: tuple[float, float], b: tuple[float, float]) -> tuple[f
     if y == 0 or x == 0:
         raise ValueError(f"independent_ratio needs two nonzero means, got {x!r} and {y!r}")
     return x / y, abs(x / y) * math.hypot(sx / x, sy / y)
+
+
+def seed_mean_stderr(losses, stderrs) -> float:
+    """The standard error of a mean over seeds that counts both the seeds' spread and each loss's
+    Monte Carlo error: ``sqrt(spread^2 / S + mc^2)``, with ``spread`` the standard deviation over
+    the ``S`` seeds (``ddof=1``) and ``mc`` the Monte Carlo standard error of the mean
+    (:func:`seed_mean`). ``losses``, ``stderrs``: ``(S,)``. With one seed only ``mc`` counts."""
+    losses, stderrs = np.asarray(losses, dtype=float), np.asarray(stderrs, dtype=float)
+    if losses.ndim != 1:
+        raise ValueError(f"seed_mean_stderr needs losses of shape (S,), got {losses.shape}")
+    _, mc, spread = seed_mean(losses, stderrs)
+    return float(math.hypot(spread / math.sqrt(losses.shape[0]), mc))
+
+
+def side_of(value: float, stderr: float, threshold: float, stderrs: float = 2.0) -> int:
+    """Where ``value`` lies against ``threshold`` given its standard error: ``-1`` below it by
+    more than ``stderrs`` standard errors, ``+1`` above it by more, ``0`` within (no claim either
+    way)."""
+    if not (math.isfinite(value) and math.isfinite(stderr) and stderr >= 0):
+        raise ValueError(f"side_of needs a finite value and stderr >= 0, got {value!r} and {stderr!r}")
+    if value < threshold - stderrs * stderr:
+        return -1
+    if value > threshold + stderrs * stderr:
+        return 1
+    return 0
 
 
 def paired_ratio(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:

@@ -33,11 +33,13 @@ written and locked through :mod:`fvlib.files`.
 """
 
 from .definitions import (
+                          CONTROL_VARIANTS,
                           EXPERIMENTS,
                           RECIPE_STEPS,
                           TRANSFORMER_RECIPE_STEPS,
                           Experiment,
                           Run,
+                          controls_config,
                           estimate_seconds,
                           experiment_names,
                           get_experiment,
@@ -45,7 +47,9 @@ from .definitions import (
 )
 from .provenance import provenance, provenance_line, provenance_summary
 from .readers import (
+                          CONTROL_REFERENCES,
                           attempt_loss,
+                          controls_rows,
                           decay_fits,
                           depth_sweep_of,
                           point_rows,
@@ -54,7 +58,15 @@ from .readers import (
                           theory_curves,
 )
 from .records import ResultError, ResultFile, RunRecord
-from .references import OPTIMISER_STARTS, SELECTION_SEED, THEORY_SAMPLES, TheoryParams
+from .references import (
+                          LARGE_THEORY_SAMPLES,
+                          OPTIMISER_STARTS,
+                          SELECTION_SEED,
+                          THEORY_SAMPLES,
+                          TheoryParams,
+                          finite_n_floor,
+                          twin_closed_form,
+)
 from .rules import (
                           CONVERGENCE_DROP,
                           CONVERGENCE_RULES,
@@ -88,31 +100,36 @@ from .storage import (
 from .verify import prefix_runs, theory_differences, verify
 
 __all__ = [
+    "CONTROL_REFERENCES",
+    "CONTROL_VARIANTS",
     "CONVERGENCE_DROP",
     "CONVERGENCE_RULES",
     "EXPERIMENTS",
+    "Experiment",
     "FAILURE_COORD_FRACTION",
     "FAILURE_RULE",
     "FINAL_RTOL",
     "GAP_CONTEXTS",
+    "LARGE_THEORY_SAMPLES",
     "MAX_DOUBLINGS",
     "OPTIMISER_STARTS",
     "PREFIX_RTOL",
     "PREFIX_RULE",
     "RECIPE_STEPS",
+    "ResultError",
+    "ResultFile",
+    "Run",
+    "RunRecord",
     "SELECTION_SEED",
     "THEORY_SAMPLES",
     "THEORY_TOLERANCE_RULE",
     "TOLERANCE_RULE",
     "TRANSFORMER_RECIPE_STEPS",
-    "Experiment",
-    "ResultError",
-    "ResultFile",
-    "Run",
-    "RunRecord",
     "TheoryParams",
     "attempt_loss",
     "check_results_dir",
+    "controls_config",
+    "controls_rows",
     "converged",
     "decay_fits",
     "depth_sweep_of",
@@ -120,6 +137,7 @@ __all__ = [
     "estimate_seconds",
     "experiment_names",
     "failed",
+    "finite_n_floor",
     "get_experiment",
     "last_fifth_drop",
     "load_result",
@@ -145,5 +163,6 @@ __all__ = [
     "theory_curves",
     "theory_differences",
     "theory_params_path",
+    "twin_closed_form",
     "verify",
 ]

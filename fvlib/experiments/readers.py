@@ -3,7 +3,8 @@
 Every function takes the result dict of :func:`~fvlib.experiments.storage.load_result` (version 2,
 :mod:`fvlib.experiments.records`) and computes nothing but summaries of its numbers:
 :func:`summarise` and :func:`point_rows` (one row per point), :func:`depth_sweep_of`,
-:func:`theory_curves`, :func:`decay_fits`, :func:`sweep_table_rows`, :func:`attempt_loss`.
+:func:`theory_curves`, :func:`decay_fits`, :func:`sweep_table_rows`, :func:`attempt_loss`,
+:func:`controls_rows` (the controls experiments: each point against model B and the references).
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..stats import seed_mean
+from ..stats import independent_ratio, seed_mean, seed_mean_stderr
 from ..theory.fits import fit_decay
 from .definitions import run_key
 from .inbuild import DepthSweep
 from .rules import doubling_gain, failed, last_fifth_drop, point_of
 
-__all__ = ["attempt_loss", "decay_fits", "depth_sweep_of", "point_rows", "summarise", "sweep_table_rows",
-           "theory_curves"]
+__all__ = ["CONTROL_REFERENCES", "attempt_loss", "controls_rows", "decay_fits", "depth_sweep_of", "point_rows",
+           "summarise", "sweep_table_rows", "theory_curves"]
 
 def _records_by_point(data: dict) -> dict[tuple, list[dict]]:
     """The stored runs grouped by point (variant, prior, budget), each group in seed order."""
@@ -196,4 +197,47 @@ def point_rows(data: dict) -> list[dict]:
         row["doubling_gain"] = [doubling_gain(r) for r in records]
         row["mean_ok"] = float(ok.mean()) if len(ok) else math.nan
         row["spread_ok"] = float(ok.std(ddof=1)) if len(ok) > 1 else math.nan
+    return rows
+
+
+#: The references each point of a controls experiment is divided by (:func:`controls_rows`), by
+#: prior: on the tree the greedy and optimised adaptive policies and the optimised non-adaptive
+#: directions (Monte Carlo curves of the file), on the Gaussian twin its closed form.
+CONTROL_REFERENCES = {"tree": ("adaptive_greedy", "adaptive_opt", "nonadaptive_opt"), "gaussian-twin": ("twin",)}
+
+
+def _reference(theory: dict, name: str, budget: int) -> tuple[float, float]:
+    i = theory["budgets"].index(budget)
+    if name == "twin":
+        return theory["twin"][i], 0.0
+    curve = theory["curves"][name]
+    return curve["mean"][i], curve["stderr"][i]
+
+
+def controls_rows(data: dict, against: str = "B") -> list[dict]:
+    """One row per point of a controls experiment (a depth-sweep file, e.g. ``controls-k6``):
+    :func:`summarise`'s row plus ``total_stderr`` (the standard error of the seed mean counting
+    the seeds' spread and the Monte Carlo error, :func:`fvlib.stats.seed_mean_stderr`),
+    ``failed`` (seeds failed by :data:`~fvlib.experiments.rules.FAILURE_RULE`, counted among the
+    seeds, never replaced), ``ratio_to_<against>`` (``(ratio, stderr)`` to the ``against`` variant
+    at the same prior and budget; absent for ``against`` itself) and ``ratio_to/<reference>``
+    (``(ratio, stderr)`` to each reference of :data:`CONTROL_REFERENCES`), each ratio with the
+    delta-method standard error of two independent estimates (:func:`fvlib.stats.independent_ratio`)."""
+    theory = data["theory"] or {}
+    if "budgets" not in theory:
+        raise ValueError(f"controls_rows needs a depth-sweep result (theory with budgets), got theory keys "
+                         f"{sorted(theory)}")
+    rows = summarise(data)
+    for row in rows:
+        row["total_stderr"] = seed_mean_stderr(row["loss"], row["loss_stderr"])
+        keys = [run_key(row["variant"], row["prior"], row["budget"], s) for s in row["seeds"]]
+        row["failed"] = int(sum(failed(data, data["runs"][k]) for k in keys))
+    by_point = {(r["variant"], r["prior"], r["budget"]): r for r in rows}
+    for row in rows:
+        estimate = (row["mean"], row["total_stderr"])
+        other = by_point.get((against, row["prior"], row["budget"]))
+        if other is not None and row["variant"] != against:
+            row[f"ratio_to_{against}"] = independent_ratio(estimate, (other["mean"], other["total_stderr"]))
+        for name in CONTROL_REFERENCES.get(row["prior"], ()):
+            row[f"ratio_to/{name}"] = independent_ratio(estimate, _reference(theory, name, row["budget"]))
     return rows

@@ -263,5 +263,9 @@ def failed(data: dict, record: dict) -> bool:
         else:
             coord = theory["tree"]["nonadaptive_coord"]["mean"]
         return not record["final_loss"] < FAILURE_COORD_FRACTION * coord
-    matching = theory[f"{config['model']}/{record['prior']}"]["value"]
+    if data["theory_kind"] == "depth-sweep":   # C's LMMSE curve, the twin's closed form per budget
+        i = theory["budgets"].index(record["budget"])
+        matching = theory["curves"]["lmmse"]["mean"][i] if record["prior"] == "tree" else theory["twin"][i]
+    else:
+        matching = theory[f"{config['model']}/{record['prior']}"]["value"]
     return not record["final_loss"] <= 1.5 * matching
