@@ -40,13 +40,16 @@ def palette(*names: str) -> tuple[str, ...]:
 MODEL_COLORS = {"A": OKABE_ITO["green"], "B": OKABE_ITO["orange"], "C": OKABE_ITO["blue"]}
 
 #: Colour, marker and legend text of the variants of the stored experiments (:mod:`fvlib.experiments`):
-#: model A trained from scratch (RECIPE or the learning recipe) and model A that first imitates the
-#: greedy policy.
+#: model A trained from scratch (RECIPE or the learning recipe), model A that first imitates the
+#: greedy policy, and the controls' model A with each of its routers (:mod:`fvlib.routers`).
 VARIANT_STYLES = {
     "A-scratch": dict(color=OKABE_ITO["green"], marker="o", label="model A, from scratch"),
     "A-warm": dict(color=OKABE_ITO["sky"], marker="s",
                    label="model A, imitation warm start (greedy)"),
     "A-learn": dict(color=OKABE_ITO["purple"], marker="v", label="model A, learning recipe"),
+    "A": dict(color=OKABE_ITO["green"], marker="o", label="model A (MLP router)"),
+    "A-bilinear": dict(color=OKABE_ITO["vermillion"], marker="P", label="model A, bilinear router (no hidden layer)"),
+    "A-coord": dict(color=OKABE_ITO["sky"], marker="X", label="model A, one coordinate per layer"),
     "B": dict(color=OKABE_ITO["orange"], marker="D", label="model B"),
     "C": dict(color=OKABE_ITO["blue"], marker="^", label="model C"),
 }

@@ -14,7 +14,9 @@ and the theory curves of :func:`~fvlib.theory.sweeps.depth_sweep_theory`); the f
 * :func:`plot_grouped_bars` -- final excess losses as grouped bars with error bars and theory
   markers;
 * :func:`plot_depth_sweep` -- model A with ``L = 1..K`` layers against model B with
-  ``d = 1..K`` channels (a :class:`fvlib.experiments.inbuild.DepthSweep`), with theory curves.
+  ``d = 1..K`` channels (a :class:`fvlib.experiments.inbuild.DepthSweep`), with theory curves;
+* :func:`plot_controls` -- the controls experiments' depth curves on the tree and on its
+  Gaussian twin, each on semilog and log-log axes, with the finite-``N`` floor.
 
 Colours: the Okabe-Ito palette (colour-blind safe), one fixed colour per model
 (:data:`fvlib.plots.style.MODEL_COLORS`).
@@ -38,6 +40,8 @@ __all__ = [
     "plot_training_curves",
     "plot_grouped_bars",
     "plot_depth_sweep",
+    "plot_controls",
+    "FLOOR_STYLE",
 ]
 
 #: Colours of successive runs whose label names no model.
@@ -53,7 +57,13 @@ THEORY_STYLES = {
     "lmmse": dict(color=OKABE_ITO["blue"], ls="--", label=f"theory: {STRATEGY_LABELS['lmmse']}"),
     "adaptive_opt": dict(color=OKABE_ITO["black"], ls="-.", label=f"theory: {STRATEGY_LABELS['adaptive_opt']}"),
     "gaussian_closed_form": dict(color="0.3", ls="--", label="Gaussian closed form"),
+    "nonadaptive_best_coord": dict(color="0.5", ls=":",
+                                   label=f"theory: {STRATEGY_LABELS['nonadaptive_best_coord']}"),
+    "twin": dict(color="0.3", ls="--", label="theory: the twin's closed form (A, B and C alike)"),
 }
+
+#: The finite-``N`` floor's line (:func:`plot_controls`).
+FLOOR_STYLE = dict(color="0.2", ls=(0, (1, 3)), lw=1.2)
 
 
 def theory_label(name: str) -> str:
@@ -241,3 +251,29 @@ def plot_depth_sweep(sweep, theory: Mapping[str, tuple] | None = None, ax=None, 
     ax.set_ylabel(r"excess loss $\mathbb{E}\,\|\hat\theta-\theta\|^2$")
     ax.legend(fontsize=7.5)
     return ax
+
+
+def plot_controls(panels: Sequence[tuple], floor: float | None = None, axes=None):
+    """The controls experiments' depth curves: one row per panel, each drawn on semilog (left)
+    and log-log (right) axes by :func:`plot_depth_sweep`.
+
+    ``panels``: ``(title, sweep, theory)`` per row (a :class:`~fvlib.experiments.inbuild.DepthSweep`
+    of the row's variants and ``{name: (mean (n,), stderr (n,))}`` of its theory curves, as
+    :func:`plot_depth_sweep` takes them). ``floor``: the finite-``N`` floor, a dotted horizontal
+    line on the tree rows (those whose theory is not only the twin's). Returns the ``(rows, 2)``
+    axes.
+    """
+    if axes is None:
+        _, axes = plt.subplots(len(panels), 2, figsize=(11, 4.2 * len(panels)), squeeze=False)
+    for (title, sweep, theory), row in zip(panels, axes):
+        for ax, scale in zip(row, ("semilog", "log-log")):
+            plot_depth_sweep(sweep, theory, ax=ax)
+            if floor is not None and set(theory) != {"twin"}:
+                ax.axhline(floor, label="theory: the finite-N floor (every coordinate read)", **FLOOR_STYLE)
+            if scale == "log-log":
+                ax.set_xscale("log")
+                ax.set_xticks(sweep.budgets, [str(b) for b in sweep.budgets])
+                ax.minorticks_off()
+            ax.set_title(f"{title}, {scale}", fontsize=10)
+            ax.legend(fontsize=6.5)
+    return axes
