@@ -272,7 +272,7 @@ def _recipes_transformer(steps: int = 3000, seeds=(0, 1, 2)) -> Experiment:
                       max_doublings=0)
 
 
-#: The variants of the controls experiments, by name: model A with each router of
+#: The variants of the controls experiments, by name; model A with each router of
 #: :data:`fvlib.routers.MODEL_A_ROUTERS` it is compared with (``A`` the gated MLP router of the
 #: paper, ``A-bilinear`` a router with no hidden layer, ``A-coord`` a router that measures one
 #: coordinate per layer), and the one-layer models B and C.

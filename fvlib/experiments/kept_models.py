@@ -175,7 +175,7 @@ def stored_model_keys(name: str, directory=None) -> tuple[str, ...]:
 def load_stored_model(name: str, key: str, directory=None) -> tuple[torch.nn.Module, TrainConfig]:
     """The trained model of run ``key`` of the stored experiment ``name`` and its config, from
     ``results/NAME.models.safetensors``: ``(model, config)``, the model on the CPU in eval mode
-    (as :func:`fvlib.training.load_run` returns one), built from the stored config and loaded with
+    (as :func:`~fvlib.training.checkpoint.load_run` returns one), built from the stored config and loaded with
     the stored weights. The result file is read with its checks, the seal of the models file
     included (:func:`~fvlib.experiments.storage.read_result`).
 
