@@ -372,7 +372,7 @@ def experiment_show(args) -> dict:
     kept = experiments.get_experiment(args.name).stored_models
     if args.json:
         return {**out, "summary": experiments.summarise(data), "theory": data["theory"], "stored_models": list(kept),
-                "kept_models": list(experiments.stored_model_keys(args.name))}
+                "kept_models": list(experiments.stored_model_keys(args.name)) if kept else []}
     for row in experiments.summarise(data):
         ratio = f", x{row['ratio_mean']:.2f} greedy" if "ratio_mean" in row else ""
         out[f"{row['variant']} {row['prior']} M={row['budget']}"] = (
