@@ -31,6 +31,7 @@ from .train_flags import train_config
 __all__ = [
     "GAP_ROWS",
     "THEORY_KEYS",
+    "experiment_keep_models",
     "experiment_list",
     "experiment_run",
     "experiment_seal",
@@ -255,7 +256,9 @@ def experiment_list(args) -> dict:
                                                     1),
                      "stored_cpu_minutes": round(spent / 60, 1),
                      "remaining_cpu_minutes": round(sum(experiments.estimate_seconds(r.config) for r in left) / 60, 1),
-                     "max_doublings": e.max_doublings, "convergence": e.convergence}
+                     "max_doublings": e.max_doublings, "convergence": e.convergence,
+                     "stored_models": list(e.stored_models),
+                     "kept_models": len(experiments.stored_model_keys(name)) if e.stored_models else 0}
     if args.json:
         return {"experiments": out}
     return {name: f"{v['runs']} runs ({v['stored_runs']} stored, {v['stored_cpu_minutes']} CPU min spent), "
@@ -327,8 +330,34 @@ def experiment_seal(args) -> dict:
             "checked": f"version {report['version']} file: every field's type, experiment {report['experiment']}, "
                        f"{report['runs']} runs of its definition",
             "theory parameters": report["theory_parameters"] or "none (no theory yet)",
+            "kept models": report["kept_models"] or "none",
             "newly sealed": ", ".join(report["unsealed_parts"]) or "nothing (the seal matched)",
             "rules": "brought up to today's" if report["rules_updated"] else "today's"}
+
+
+def experiment_keep_models(args) -> dict:
+    """Store the final weights of an experiment's kept runs beside its result and seal them
+    (:func:`fvlib.experiments.keep_models`): what it wrote."""
+    from ..training import run_root
+
+    name = _experiment_name(args.name)
+    check_writable_dir("--root", run_root(args.root))
+    report = experiments.keep_models(name, root=args.root)
+    if args.json:
+        return report
+    return {"kept models": f"{len(report['kept'])} runs in {report['file']}"
+                           + ("" if report["written"] else " (unchanged: the file held these models)"),
+            "not stored yet": ", ".join(report["not_stored"]) or "none"}
+
+
+def _kept_line(name: str) -> str:
+    """What ``experiment show`` says of the models an experiment keeps."""
+    kept = experiments.get_experiment(name).stored_models
+    held = experiments.stored_model_keys(name)
+    if not held:
+        return (f"none of {len(kept)} yet (`python -m fvlib experiment keep-models {name}` writes those stored)")
+    return (f"{len(held)} of {len(kept)} in {experiments.models_path(name)} "
+            f"(fvlib.experiments.load_stored_model(NAME, KEY)): {', '.join(held)}")
 
 
 def experiment_show(args) -> dict:
@@ -340,13 +369,17 @@ def experiment_show(args) -> dict:
            # runs still falling that the definition allows to double again (`experiment run`)
            "runs_to_double": len(experiments.runs_to_double(data, experiments.get_experiment(args.name))),
            "provenance": experiments.provenance_summary(data)}
+    kept = experiments.get_experiment(args.name).stored_models
     if args.json:
-        return {**out, "summary": experiments.summarise(data), "theory": data["theory"]}
+        return {**out, "summary": experiments.summarise(data), "theory": data["theory"], "stored_models": list(kept),
+                "kept_models": list(experiments.stored_model_keys(args.name)) if kept else []}
     for row in experiments.summarise(data):
         ratio = f", x{row['ratio_mean']:.2f} greedy" if "ratio_mean" in row else ""
         out[f"{row['variant']} {row['prior']} M={row['budget']}"] = (
             f"{row['mean']:.4g} +- {row['stderr']:.2g} (seeds {row['seeds']}, spread {row['spread']:.2g}, "
             f"converged {row['converged']} of {len(row['seeds'])} seeds{ratio})")
+    if kept:
+        out["kept models"] = _kept_line(args.name)
     out["provenance"] = json.dumps(out["provenance"])
     return out
 

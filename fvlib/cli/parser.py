@@ -126,7 +126,7 @@ def _add_reproduce_parser(sub, name: str, help_text: str) -> None:
 
 
 def _add_experiment_parser(sub) -> None:
-    """``experiment list|run|verify|seal|show|warm|reproduce``: the book's experiments. The named
+    """``experiment list|run|verify|seal|keep-models|show|warm|reproduce``: the book's experiments. The named
     long ones are stored in ``results/`` (:mod:`fvlib.experiments`); ``warm`` trains the short runs
     the chapters train in the page build, ``reproduce`` writes the headline numbers as JSON."""
     experiment = sub.add_parser("experiment", help="the book's experiments: list, run, verify, show (stored, "
@@ -144,6 +144,14 @@ def _add_experiment_parser(sub) -> None:
     seal.add_argument("name")
     seal.add_argument("--json", action="store_true", help=_JSON_HELP)
     seal.set_defaults(handler=dispatch.experiment_seal)
+    keep = verbs.add_parser("keep-models", help="store the final weights of an experiment's kept runs beside its "
+                                                "result (read from their run directories, re-evaluated against "
+                                                "the stored losses) and seal them with it")
+    keep.add_argument("name")
+    keep.add_argument("--root", default=None,
+                      help="run root of the checkpoints (default: $FVLIB_RUN_ROOT or ./.fvlib_runs)")
+    keep.add_argument("--json", action="store_true", help=_JSON_HELP)
+    keep.set_defaults(handler=dispatch.experiment_keep_models)
     show = verbs.add_parser("show", help="the stored summary and provenance of an experiment")
     show.add_argument("name")
     show.add_argument("--json", action="store_true", help=_JSON_HELP)

@@ -7,6 +7,9 @@
 readers: :func:`~fvlib.experiments.readers.point_rows`,
 :func:`~fvlib.experiments.readers.depth_sweep_of`, :func:`~fvlib.experiments.readers.decay_fits`,
 ...) and CI re-checks (``experiment verify NAME``, :func:`~fvlib.experiments.verify.verify`).
+An experiment may keep the final weights of some runs beside its file
+(``results/NAME.models.safetensors``), which a chapter loads instead of training its own:
+:func:`~fvlib.experiments.kept_models.load_stored_model`.
 
 Modules, in layers from the bottom up; a module imports only from the layers below it
 (``tests/core/test_import_layers.py`` checks this)::
@@ -24,7 +27,8 @@ Modules, in layers from the bottom up; a module imports only from the layers bel
     definitions               the named experiments (Run, Experiment, EXPERIMENTS)
     storage                   where the result files live; reading (checked, seal included),
                               writing (sealed), locking and sealing them
-    readers                   what the chapters read: tables, sweeps, fits
+    readers, kept_models      what the chapters read: tables, sweeps, fits; the trained models
+                              an experiment keeps (loaded, added, re-checked and written)
     runner                    training an experiment (run, refresh_theory, stored)
     verify                    checking a stored experiment against today's code
 
@@ -45,6 +49,7 @@ from .definitions import (
                           get_experiment,
                           run_key,
 )
+from .kept_models import keep_models, load_stored_model, stored_model_keys
 from .provenance import provenance, provenance_line, provenance_summary
 from .readers import (
                           CONTROL_REFERENCES,
@@ -91,6 +96,7 @@ from .storage import (
                           check_results_dir,
                           load_result,
                           load_theory_params,
+                          models_path,
                           read_result,
                           result_path,
                           results_dir,
@@ -139,9 +145,12 @@ __all__ = [
     "failed",
     "finite_n_floor",
     "get_experiment",
+    "keep_models",
     "last_fifth_drop",
     "load_result",
+    "load_stored_model",
     "load_theory_params",
+    "models_path",
     "paired_converged",
     "paired_drop",
     "point_rows",
@@ -158,6 +167,7 @@ __all__ = [
     "runs_to_double",
     "seal_result",
     "stored",
+    "stored_model_keys",
     "summarise",
     "sweep_table_rows",
     "theory_curves",

@@ -74,6 +74,9 @@ class Experiment:
         convergence: the convergence rule of its runs (:data:`~fvlib.experiments.rules.CONVERGENCE_RULES`):
             ``"last-fifth"`` (the stored experiments of chapter 8) or ``"paired-doubling"`` (the
             experiments of issue 42 on; it needs ``max_doublings >= 1``: every run trains ``S`` and ``2S``).
+        stored_models: the keys of the runs whose final weights the result keeps beside its file
+            (``results/NAME.models.safetensors``, sealed with it;
+            :func:`~fvlib.experiments.kept_models.load_stored_model` loads one).
     """
 
     name: str
@@ -86,6 +89,7 @@ class Experiment:
     prefix_rtol: float = PREFIX_RTOL
     final_rtol: float = FINAL_RTOL
     convergence: str = "last-fifth"
+    stored_models: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.convergence not in CONVERGENCE_RULES:
@@ -93,6 +97,10 @@ class Experiment:
         if self.convergence == "paired-doubling" and self.max_doublings < 1:
             raise ValueError(f"the paired-doubling rule judges a run by its first doubling: max_doublings must be "
                              f">= 1, got {self.max_doublings!r}")
+        defined = self.run_by_key()
+        for key in self.stored_models:
+            if key not in defined:
+                raise ValueError(f"stored_models: {key!r} is not a run of experiment {self.name!r}")
 
     @property
     def runs(self) -> list[Run]:
@@ -264,7 +272,7 @@ def _recipes_transformer(steps: int = 3000, seeds=(0, 1, 2)) -> Experiment:
                       max_doublings=0)
 
 
-#: The variants of the controls experiments, by name: model A with each router of
+#: The variants of the controls experiments, by name; model A with each router of
 #: :data:`fvlib.routers.MODEL_A_ROUTERS` it is compared with (``A`` the gated MLP router of the
 #: paper, ``A-bilinear`` a router with no hidden layer, ``A-coord`` a router that measures one
 #: coordinate per layer), and the one-layer models B and C.
@@ -292,7 +300,9 @@ def _controls(name: str, depth: int, n_ctx: int, tree_variants: Sequence[str], t
     """Depth curves (budgets ``1..depth``) of ``tree_variants`` on the tree (``alpha = 1/2``,
     ``sigma = 0``) and ``twin_variants`` on its Gaussian twin, with :func:`controls_config`, judged by
     the paired-doubling rule; references on :data:`~fvlib.experiments.references.LARGE_THEORY_SAMPLES`
-    contexts, with the twin's closed form and the finite-``N`` floor."""
+    contexts, with the twin's closed form and the finite-``N`` floor. The final weights of the
+    tree runs of ``A`` and ``A-coord`` at ``M = depth`` (every seed) are kept
+    (:attr:`Experiment.stored_models`)."""
     budgets = range(1, depth + 1)
     task = dict(depth=depth, alpha=0.5, n_ctx=n_ctx, noise_std=0.0)
 
@@ -304,10 +314,11 @@ def _controls(name: str, depth: int, n_ctx: int, tree_variants: Sequence[str], t
     items += tuple(point(v, "gaussian-twin", m) for v in twin_variants for m in budgets)
     theory = tree_theory(depth, 0.5, n_ctx, 0.0, budgets, samples=LARGE_THEORY_SAMPLES,
                          names=TREE_CURVES + ("lmmse",), twin=bool(twin_variants), floor=True)
+    kept = tuple(run_key(v, "tree", depth, s) for v in ("A", "A-coord") if v in tree_variants for s in seeds)
     return Experiment(name, f"{description}; tree K = {depth}, alpha = 0.5, N = {n_ctx}, sigma = 0, budgets "
                             f"1..{depth}; seeds {', '.join(map(str, seeds))}; the learning recipe on the statistic, "
                             f"3000 steps, paired doublings", "08_experiments", items, theory, gap_variants=("A",),
-                      max_doublings=2, convergence="paired-doubling")
+                      max_doublings=2, convergence="paired-doubling", stored_models=kept)
 
 
 #: The catalogue of named experiments, by name (``python -m fvlib experiment list``).

@@ -18,6 +18,10 @@
   evaluation contexts (paired, :func:`fvlib.stats.paired_ratio`); the runs of the variants of
   :attr:`~fvlib.experiments.definitions.Experiment.gap_variants` carry chapter 8's gap table
   (:func:`fvlib.experiments.beside_theory.gap_table`).
+* **Kept models.** When an item holding a run of
+  :attr:`~fvlib.experiments.definitions.Experiment.stored_models` is stored, the run's final
+  weights are read from its run directory into ``results/NAME.models.safetensors`` and sealed
+  with the result (:func:`~fvlib.experiments.kept_models.add_kept_models`).
 * **References** are computed once, when the file is started; :func:`refresh_theory`
   recomputes them, training nothing.
 
@@ -26,6 +30,7 @@ Nothing in a result file is typed by hand: every number in it is written by :fun
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -49,6 +54,7 @@ from ..training.rundir import RunDirError, has_checkpoint
 from ..workers import worker_pool
 from .beside_theory import gap_record, greedy_paired
 from .definitions import Experiment, Run, estimate_seconds, get_experiment
+from .kept_models import add_kept_models
 from .provenance import git_commit, provenance, provenances_of
 from .records import Provenance, ResultFile, RunRecord, new_result, theory_kind
 from .references import TheoryParams
@@ -235,6 +241,7 @@ def run(name: str, *, device: str = "cpu", jobs: int = 1, root=None, directory=N
             for record in records:
                 data.runs[record["key"]] = RunRecord.from_dict(record, f"{path}/runs/{record['key']}")
             write_result(path, data)
+            _keep_models(name, data, [record["key"] for record in records], root, directory)
             bar.update(len(records))
 
         if jobs == 1 or len(args) <= 1:
@@ -246,6 +253,20 @@ def run(name: str, *, device: str = "cpu", jobs: int = 1, root=None, directory=N
                     add(records)
         bar.close()
     return data.to_dict()
+
+
+def _keep_models(name: str, data: ResultFile, keys: list[str], root, directory) -> None:
+    """The final weights of the kept runs among ``keys`` (just stored in ``data``) added beside the
+    result file, which is sealed again; a run directory that cannot give them is said on stderr
+    (the runs stay stored; ``experiment keep-models NAME`` adds the weights later)."""
+    try:
+        added = add_kept_models(name, data, keys, root, directory)
+    except ValueError as err:   # a ResultError naming the run
+        print(f"fvlib: note: {err}; the run is stored without its weights (`python -m fvlib experiment "
+              f"keep-models {name}` adds them)", file=sys.stderr)
+        return
+    if added:
+        write_result(result_path(name, directory), data)
 
 
 def _update_rules(path: Path, data: ResultFile, experiment: Experiment) -> None:
