@@ -22,7 +22,11 @@ def _as_version_1(data: dict) -> dict:
     return old
 
 
-@pytest.mark.parametrize("name", experiment_names())
+#: The experiments with a result file (a definition is planned before its first item is stored).
+STORED = [name for name in experiment_names() if result_path(name).exists()]
+
+
+@pytest.mark.parametrize("name", STORED)
 def test_every_stored_file_is_version_3_and_round_trips(name):
     data = json.loads(result_path(name).read_text())
     assert data["version"] == 3

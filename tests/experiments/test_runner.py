@@ -276,12 +276,19 @@ STORED = sorted(p.stem for p in RESULTS.glob("*.json"))
 @pytest.mark.parametrize("name", STORED)
 def test_every_stored_result_loads_and_its_configs_build(name):
     data = experiments.load_result(name)
+    paired = experiments.get_experiment(name).convergence == "paired-doubling"
     for record in data["runs"].values():
         config = TrainConfig.from_dict(record["config"])
         config.model_config()
         assert record["history"][-1]["step"] == config.steps
         assert record["history"][-1]["eval_excess_loss"] == record["final_loss"]
-        assert record["converged"] == experiments.converged(record["history"], config.steps)
+        attempts = record["attempts"]
+        if paired:   # each doubling judged by its paired drop from the attempt before it
+            assert len(attempts) >= 2 and not attempts[0]["converged"], record["key"]
+            assert record["converged"] == attempts[-1]["converged"] == experiments.paired_converged(
+                attempts[-1]["drop"], attempts[-1]["drop_stderr"], attempts[-2]["final_loss"]), record["key"]
+        else:
+            assert record["converged"] == experiments.converged(record["history"], config.steps)
         key = experiments.run_key(record["variant"], config.prior, config.budget, config.seed)
         assert data["runs"][key] is record, key
     # the rules the file states are the ones verify and run apply today
@@ -330,7 +337,11 @@ def test_the_store_names_its_recipes():
     for name in experiments.experiment_names():
         for r in experiments.get_experiment(name).runs:
             c = r.config
-            if r.variant == "A-scratch":
+            if c.statistic:   # the controls experiments: the one recipe for every model, no teacher
+                want = recipe_for("constrained", c.prior, c.alpha)
+                assert {k: getattr(c, k) for k in want} == want and c.router_warm_start == 0, r.key
+                assert not c.warm_starts and r.variant in experiments.CONTROL_VARIANTS, r.key
+            elif r.variant == "A-scratch":
                 assert {k: getattr(c, k) for k in RECIPE} == RECIPE and not c.warm_starts
             elif r.variant == "A-learn":   # the learning recipe of `fvlib train`, no teacher
                 want = recipe_for("constrained", c.prior, c.alpha)
@@ -521,7 +532,7 @@ def test_the_readme_store_table_is_the_stored_provenance():
     root = Path(__file__).resolve().parents[2]
     rows = re.findall(r"^\| `([a-z0-9-]+)` \| \d+ \| (\d+) of (\d+) \| ([\d.]+)", (root / "README.md").read_text(),
                       flags=re.M)
-    assert {name for name, *_ in rows} == set(experiments.experiment_names())
+    assert {name for name, *_ in rows} == set(STORED)
     for name, runs, planned, hours in rows:
         data = experiments.load_result(name, root / "results")
         summary = experiments.provenance_summary(data)
