@@ -229,18 +229,19 @@ def warm_work() -> list:
 
     The runs chapters 5 and 7 to 11 train, each exactly as the chapter trains it (one thread):
     the batch of chapter 8's seeds 1 and 2 of the shared runs (:func:`seed_plan` with
-    :data:`SHARED_SEEDS`), the six shared runs alone (model A first), chapter 8's imitation
-    and original-recipe runs of model A (:func:`imitation_config`, :func:`original_config`) and
-    chapter 11's transformers (:func:`transformer_chapter_configs`): the longest first.
-    (Chapter 8's depth sweep is a stored experiment, ``depth-sweep-k6`` of
-    :mod:`fvlib.experiments`, which no page build trains.)
+    :data:`SHARED_SEEDS`), chapter 8's imitation run of model A (:func:`imitation_config`), the
+    shared runs of model A alone, chapter 8's original-recipe run of model A
+    (:func:`original_config`), the shared runs of B and C alone and chapter 11's transformers
+    (:func:`transformer_chapter_configs`): the longest first. (Chapter 8's depth sweep is a
+    stored experiment, ``depth-sweep-k6`` of :mod:`fvlib.experiments`, which no page build trains.)
     """
     shared = shared_configs()
     _, _, seeds_batch = seed_plan(shared, SHARED_SEEDS)
     alone = sorted(shared.values(), key=lambda c: "ABC".index(c.model))
     model_a = shared[("A", "tree")]
-    return [[c for _, c in seeds_batch], *alone, imitation_config(model_a), original_config(model_a),
-            *transformer_chapter_configs()]
+    deep = [c for c in alone if c.model == "A"]
+    return [[c for _, c in seeds_batch], imitation_config(model_a), *deep, original_config(model_a),
+            *[c for c in alone if c.model != "A"], *transformer_chapter_configs()]
 
 
 def _check_seeds(seeds) -> list[int]:
