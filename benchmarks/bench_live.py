@@ -40,14 +40,13 @@ def main():
     from fvlib.experiments.inbuild import shared_configs
     from fvlib.interventions import key_patching_sweep
     from fvlib.theory import theory_patching_sweep
-    from fvlib.training import TrainConfig, run_dir_for, train
+    from fvlib.training import run_dir_for, train
 
     measure("prior", prior_explorer(depth=4, alpha=0.5, seed=0))                      # chapter 2
     measure("strategy", strategy_explorer(depth=6, budget=6, alpha=0.5, n_ctx=128,    # chapter 6
                                           noise_std=0.0, samples=1000, seed=0))
     measure("training", training_explorer(base=shared_configs()[("A", "tree")]))      # chapter 8
-    config = TrainConfig(model="A", prior="tree", depth=5, alpha=0.5, n_ctx=128, budget=5,    # chapter 10
-                         steps=1500, device="auto")
+    config = shared_configs(device="auto")[("A", "tree")]                             # chapter 10
     model = train(config, out_dir=run_dir_for(config), progress=False).model
     tree = TreePrior(5, 0.5)
     sweep = key_patching_sweep(model, tree, 128, 0.0, contexts=2000, seed=0)

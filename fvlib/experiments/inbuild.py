@@ -18,8 +18,9 @@ Shared runs (first trained in chapter 5, *Gaussian prior*, and reloaded by the l
 
 Chapter 8, *Experiments*, and chapter 11, *Standard transformers*:
 
-* :func:`imitation_config` and :func:`learning_config` -- model A after the imitation warm
-  start, and with the recipe of ``python -m fvlib train``;
+* :func:`original_config` and :func:`imitation_config` -- model A with the book's original
+  recipe and after the imitation warm start, the two recipes that chapter 8's section on the
+  gap sets beside the one recipe of the shared runs;
 * :func:`transformer_chapter_configs` -- chapter 11's standard transformers
   (:data:`TRANSFORMER_CHAPTER`);
 * :func:`seed_configs`, :func:`seed_plan` and :func:`train_seeds` -- the same configs at more
@@ -56,14 +57,16 @@ from ..workers import worker_pool
 
 __all__ = [
     "IMITATION_STEPS",
+    "ORIGINAL_STEPS",
     "SHARED_SEEDS",
+    "SHARED_STEPS",
     "TRANSFORMER_CHAPTER",
     "DepthSweep",
     "depth_sweep",
     "depth_sweep_configs",
     "final_losses",
     "imitation_config",
-    "learning_config",
+    "original_config",
     "seed_configs",
     "seed_plan",
     "shared_configs",
@@ -78,6 +81,11 @@ __all__ = [
 # ----------------------------------------------------------------------------------------
 # Training (chapters 5 and 8)
 # ----------------------------------------------------------------------------------------
+#: Training steps of the shared runs (:func:`shared_configs`) and of the depth sweep
+#: (:func:`depth_sweep_configs`): the base length of the stored experiments' one recipe.
+SHARED_STEPS = 3000
+
+
 def shared_configs(
     models: Sequence[str] = ("A", "B", "C"),
     priors: Sequence[str] = ("tree", "gaussian-twin"),
@@ -85,15 +93,18 @@ def shared_configs(
 ) -> dict[tuple[str, str], TrainConfig]:
     """The SHARED configurations ``{(model, prior): TrainConfig}`` of the book.
 
-    Depth ``K = 5``, ``alpha = 0.5``, ``N = 128``, ``sigma = 0``, budget ``M = 5``, 1500 steps,
-    trained with the book's original recipe (:data:`fvlib.training.config.ORIGINAL_RECIPE`, not the
-    current ``TrainConfig`` defaults); ``overrides`` change any
-    :class:`~fvlib.training.config.TrainConfig` field for all of them (e.g. a bigger ``FULL`` run). With
-    no overrides the run directories are shared between chapters.
+    Depth ``K = 5``, ``alpha = 0.5``, ``N = 128``, ``sigma = 0``, budget ``M = 5``,
+    :data:`SHARED_STEPS` steps of the book's one recipe for models A, B, C
+    (:func:`fvlib.training.config.recipe_for` of each prior: the learning recipe, no teacher, on
+    the tree its curriculum), trained on the pooled statistic (``inputs = 'auto'``);
+    ``overrides`` change any :class:`~fvlib.training.config.TrainConfig` field for all of them
+    (e.g. a bigger ``FULL`` run). With no overrides the run directories are shared between
+    chapters.
     """
-    base = dict(depth=5, alpha=0.5, n_ctx=128, noise_std=0.0, budget=5, steps=1500, **ORIGINAL_RECIPE)
-    base.update(overrides)
-    return {(m, p): TrainConfig(model=m, prior=p, **base) for p in priors for m in models}
+    task = dict(depth=5, alpha=0.5, n_ctx=128, noise_std=0.0, budget=5, steps=SHARED_STEPS)
+    task.update(overrides)
+    return {(m, p): TrainConfig(model=m, prior=p, **{**recipe_for("constrained", p, task["alpha"]), **task})
+            for p in priors for m in models}
 
 
 def train_all(configs: Mapping, progress: bool = True) -> dict:
@@ -158,25 +169,30 @@ def train_parallel(work: Sequence, jobs: int = 2, root=None) -> dict[str, float]
     return out
 
 
+#: Training steps of chapter 8's run of model A with the book's original recipe
+#: (:func:`original_config`), the shared runs' length before the one recipe.
+ORIGINAL_STEPS = 1500
 #: Training steps of chapter 8's imitation run of model A (:func:`imitation_config`).
 IMITATION_STEPS = 3000
+
+
+def original_config(base: TrainConfig) -> TrainConfig:
+    """Chapter 8's model A with the book's original recipe: ``base`` (the shared run of model
+    A) with :data:`fvlib.training.config.ORIGINAL_RECIPE` (every token of every context, the
+    sampled loss, batch 256, no curriculum) and :data:`ORIGINAL_STEPS` steps: the run the
+    chapters used before the one recipe, which that chapter's section on the gap sets beside
+    it. Its task, seed and evaluation are ``base``'s."""
+    return replace(base, steps=ORIGINAL_STEPS, batch=256, expected_loss=False, alpha_start=None,
+                   **ORIGINAL_RECIPE)
 
 
 def imitation_config(base: TrainConfig) -> TrainConfig:
     """Chapter 8's model A after the imitation warm start: ``base`` (the shared run of model A,
     at ``K = 5`` or, in the chapter's ``FULL`` setting, ``K = 6``) with the recipe
-    :data:`fvlib.training.config.IMITATION_RECIPE` (its router first fitted to the greedy policy) and
-    :data:`IMITATION_STEPS` steps."""
-    return replace(base, steps=IMITATION_STEPS, **IMITATION_RECIPE)
-
-
-def learning_config(base: TrainConfig) -> TrainConfig:
-    """Chapter 8's model A with the recipe of ``python -m fvlib train``: ``base`` (the shared run
-    of model A) with :func:`fvlib.training.config.recipe_for` (:data:`fvlib.training.config.LEARNING_RECIPE`, on the
-    tree its curriculum; no teacher: its random initialisation, nothing from a theory policy) and
-    :data:`IMITATION_STEPS` steps, the imitation run's length, so the starts compare at the same
-    number of steps."""
-    return replace(base, steps=IMITATION_STEPS, **recipe_for(base.arch, base.prior, base.alpha))
+    :data:`fvlib.training.config.IMITATION_RECIPE` (its router first fitted to the greedy policy;
+    the sampled loss, batch 256, no curriculum, every token of every context, as
+    :func:`original_config`) and :data:`IMITATION_STEPS` steps."""
+    return replace(original_config(base), steps=IMITATION_STEPS, **IMITATION_RECIPE)
 
 
 #: The standard-transformer runs of chapter 11, as a dict with the task (``task``), the
@@ -213,18 +229,19 @@ def warm_work() -> list:
 
     The runs chapters 5 and 7 to 11 train, each exactly as the chapter trains it (one thread):
     the batch of chapter 8's seeds 1 and 2 of the shared runs (:func:`seed_plan` with
-    :data:`SHARED_SEEDS`), chapter 8's imitation and learning-recipe runs of model A
-    (:func:`imitation_config`, :func:`learning_config`), the six
-    shared runs alone (model A first) and chapter 11's transformers
+    :data:`SHARED_SEEDS`), chapter 8's imitation run of model A (:func:`imitation_config`), the
+    shared runs of model A alone, chapter 8's original-recipe run of model A
+    (:func:`original_config`), the shared runs of B and C alone and chapter 11's transformers
     (:func:`transformer_chapter_configs`): the longest first. (Chapter 8's depth sweep is a
     stored experiment, ``depth-sweep-k6`` of :mod:`fvlib.experiments`, which no page build trains.)
     """
     shared = shared_configs()
     _, _, seeds_batch = seed_plan(shared, SHARED_SEEDS)
     alone = sorted(shared.values(), key=lambda c: "ABC".index(c.model))
-    return [[c for _, c in seeds_batch], imitation_config(shared[("A", "tree")]),
-            learning_config(shared[("A", "tree")]), *alone,
-            *transformer_chapter_configs()]
+    model_a = shared[("A", "tree")]
+    deep = [c for c in alone if c.model == "A"]
+    return [[c for _, c in seeds_batch], imitation_config(model_a), *deep, original_config(model_a),
+            *[c for c in alone if c.model != "A"], *transformer_chapter_configs()]
 
 
 def _check_seeds(seeds) -> list[int]:
@@ -341,10 +358,12 @@ def depth_sweep_configs(budgets: Sequence[int], models: Sequence[str] = ("A", "B
                         seeds: Sequence[int] = (0,), **config) -> tuple[dict, list[TrainConfig]]:
     """The configs :func:`depth_sweep` trains: ``(grid, flat)``, ``grid[model]`` a list (one per
     seed) of lists (one per budget), ``flat`` all of them in the order of its one
-    ``train_many`` call. Fields of ``config`` not given default to
-    :data:`fvlib.training.config.ORIGINAL_RECIPE`."""
+    ``train_many`` call. Fields of ``config`` not given default to the one recipe of the shared
+    runs (:func:`fvlib.training.config.recipe_for` of ``config``'s prior and decay, the pooled
+    statistic, :data:`SHARED_STEPS` steps)."""
     seeds = _check_seeds(seeds)
-    config = {**ORIGINAL_RECIPE, **config}
+    prior, alpha = config.get("prior", "tree"), config.get("alpha", 0.5)
+    config = {**recipe_for("constrained", prior, alpha), "steps": SHARED_STEPS, **config}
     config.setdefault("data_seed", None)
     grid = {}
     for model in models:
@@ -372,7 +391,7 @@ def depth_sweep(
     then read one draw of contexts per step. The reported loss is the final evaluation
     (``history[-1]``: ``eval_contexts`` fresh contexts, the same for every point). ``threads``:
     torch CPU threads of that call (``None``: the current setting). Fields of ``config`` not
-    given default to :data:`fvlib.training.config.ORIGINAL_RECIPE`, the recipe the book's sweep used.
+    given default to the one recipe of the shared runs (:func:`depth_sweep_configs`).
     """
     seeds = _check_seeds(seeds)
     grid, flat = depth_sweep_configs(budgets, models, seeds, **config)

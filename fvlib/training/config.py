@@ -137,8 +137,9 @@ WARM_START_LR = 1e-2
 #: The training recipe the book's runs of chapters 5 and 7 to 10 were trained with, before
 #: chapter 8's section on closing the gap to the adaptive references made the current
 #: :class:`TrainConfig` defaults: ``TrainConfig(**ORIGINAL_RECIPE, ...)`` gives the same numbers
-#: and the same :func:`run_dir_for` directories as those runs (``shared_configs`` and
-#: ``depth_sweep`` of :mod:`fvlib.experiments.inbuild` use it).
+#: and the same :func:`run_dir_for` directories as those runs. The shared runs now take the one
+#: recipe (:func:`recipe_for`); this one appears where chapter 8 compares recipes
+#: (``original_config`` of :mod:`fvlib.experiments.inbuild`).
 #: Those runs drew every token of every context (``inputs = 'tokens'``), so the recipe pins that path.
 ORIGINAL_RECIPE = {"lr": 3e-3, "warmup": 0.0, "queries": 64, "width": 128, "router_warm_start": 0,
                    "router_lr_scale": 1.0, "inputs": "tokens"}

@@ -19,9 +19,10 @@ from fvlib.experiments.inbuild import (
     TRANSFORMER_CHAPTER,
     DepthSweep,
     depth_sweep,
+    depth_sweep_configs,
     final_losses,
     imitation_config,
-    learning_config,
+    original_config,
     seed_configs,
     seed_plan,
     shared_configs,
@@ -34,7 +35,16 @@ from fvlib.experiments.inbuild import (
 from fvlib.plots.style import STRATEGY_LABELS
 from fvlib.plots.training import plot_depth_sweep
 from fvlib.theory.sweeps import depth_sweep_theory
-from fvlib.training import ORIGINAL_RECIPE, TrainConfig, run_dir_for, train, train_many
+from fvlib.training import (
+    LEARNING_RECIPE,
+    ORIGINAL_RECIPE,
+    TrainConfig,
+    curriculum_start,
+    recipe_for,
+    run_dir_for,
+    train,
+    train_many,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
@@ -44,17 +54,29 @@ def teardown_function():
 
 
 def test_shared_configs_are_the_books_configs():
+    """The one recipe (recipe_for of each prior: the learning recipe, on the tree its curriculum)
+    on the pooled statistic, 3000 steps, for every model; not today's TrainConfig defaults."""
     cfgs = shared_configs()
     assert set(cfgs) == {(m, p) for m in "ABC" for p in ("tree", "gaussian-twin")}
-    # the book's original training recipe, not today's TrainConfig defaults
-    expected = TrainConfig(model="A", prior="tree", depth=5, alpha=0.5, n_ctx=128, budget=5, steps=1500,
-                           **ORIGINAL_RECIPE)
-    assert cfgs[("A", "tree")] == expected
-    assert run_dir_for(cfgs[("B", "gaussian-twin")]) == run_dir_for(
-        TrainConfig(model="B", prior="gaussian-twin", depth=5, alpha=0.5, n_ctx=128, budget=5, steps=1500,
-                    **ORIGINAL_RECIPE)
-    )
+    for (_, prior), cfg in cfgs.items():
+        assert {k: getattr(cfg, k) for k in LEARNING_RECIPE} == LEARNING_RECIPE
+        assert cfg.alpha_start == (curriculum_start(0.5) if prior == "tree" else None), cfg
+        assert (cfg.steps, cfg.input_path, cfg.depth, cfg.budget, cfg.n_ctx) == (3000, "statistic", 5, 5, 128)
+    assert cfgs[("A", "tree")] != TrainConfig(model="A", prior="tree", depth=5, alpha=0.5, n_ctx=128, budget=5)
     assert shared_configs(steps=10)[("C", "tree")].steps == 10
+
+
+def test_depth_sweep_configs_take_the_one_recipe():
+    """Fields not given are the shared runs' one recipe (on the twin without a curriculum);
+    given fields win."""
+    grid, flat = depth_sweep_configs([1, 3], models=("A", "B"), seeds=(0, 1), depth=3, n_ctx=16)
+    assert [c.budget for c in grid["A"][1]] == [1, 3] and len(flat) == 8
+    for config in flat:
+        assert {k: getattr(config, k) for k in recipe_for("constrained")} == recipe_for("constrained")
+        assert (config.steps, config.input_path) == (3000, "statistic")
+    twin = depth_sweep_configs([2], prior="gaussian-twin", alpha=0.6, steps=7, depth=3)[1]
+    assert all(c.alpha_start is None and c.steps == 7 and c.expected_loss for c in twin)
+    assert depth_sweep_configs([2], depth=3, alpha=0.6)[1][0].alpha_start == curriculum_start(0.6)
 
 
 def test_depth_sweep_trains_tiny_runs_and_plots(tmp_path, monkeypatch):
@@ -197,23 +219,23 @@ def test_warm_work_is_what_chapter_8_trains():
 
 def test_chapter_run_configs_are_the_chapters_runs():
     """The configs that `python -m fvlib warm` trains ahead are those chapters 8 and 11 train:
-    the imitation run of model A (IMITATION_RECIPE, 3000 steps) and the twelve standard
-    transformers."""
-    from fvlib.training import IMITATION_RECIPE, LEARNING_RECIPE, curriculum_start
+    beside the shared run of model A (the one recipe, 3000 steps), its original-recipe run (1500
+    steps, every token) and its imitation run (IMITATION_RECIPE, 3000 steps, every token), and
+    the twelve standard transformers."""
+    from fvlib.training import IMITATION_RECIPE
 
     base = shared_configs()[("A", "tree")]
+    old = original_config(base)
+    assert (old.steps, old.input_path, old.batch, old.expected_loss, old.alpha_start) == (1500, "tokens", 256,
+                                                                                          False, None)
+    assert {k: getattr(old, k) for k in ORIGINAL_RECIPE} == ORIGINAL_RECIPE and not old.warm_starts
+    assert (old.depth, old.budget, old.seed, old.n_ctx) == (base.depth, base.budget, base.seed, base.n_ctx)
     new = imitation_config(base)
-    assert new.steps == 3000 and new.warm_starts
+    assert new.steps == 3000 and new.warm_starts and new.input_path == "tokens"
     assert {k: getattr(new, k) for k in IMITATION_RECIPE} == IMITATION_RECIPE
-    assert dataclasses.replace(new, steps=base.steps, **ORIGINAL_RECIPE) == base
-    # the learning-recipe run beside it: the recipe of python -m fvlib train, the same steps, no warm start
-    free = learning_config(base)
-    assert free.steps == new.steps and not free.warm_starts and free.router_warm_start == 0
-    assert {k: getattr(free, k) for k in LEARNING_RECIPE} == LEARNING_RECIPE
-    assert free.alpha_start == curriculum_start(base.alpha) and free.expected_loss
-    assert dataclasses.replace(free, **IMITATION_RECIPE, batch=base.batch, expected_loss=False,
-                               alpha_start=None) == new
-    assert free in warm_work() and new in warm_work()
+    assert dataclasses.replace(new, steps=old.steps, **ORIGINAL_RECIPE) == old
+    assert imitation_config(old) == new                       # from either start: the same run
+    assert base in warm_work() and old in warm_work() and new in warm_work()
     configs = transformer_chapter_configs()
     assert len(configs) == 6 * len(TRANSFORMER_CHAPTER["seeds"])
     assert [c.arch for c in configs].count("transformer-open") == 2 * len(TRANSFORMER_CHAPTER["seeds"])

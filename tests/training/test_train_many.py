@@ -8,13 +8,15 @@ import torch
 from conftest import TINY, same_parameters, strip_times
 from safetensors import safe_open
 
-from fvlib.experiments.inbuild import shared_configs
+from fvlib.experiments.definitions import controls_config
+from fvlib.experiments.inbuild import original_config, shared_configs
 from fvlib.training import (
     EVAL_SEED_OFFSET,
     ORIGINAL_RECIPE,
     RunDirError,
     TrainConfig,
     build_prior,
+    curriculum_start,
     evaluate,
     load_run,
     run_dir_for,
@@ -178,15 +180,24 @@ def test_run_dir_names_do_not_change():
     assert run_dir_for(TrainConfig(**{**old, "warmup": 0.05}), "r") != run_dir_for(TrainConfig(**old), "r")
 
 
-def test_shared_runs_keep_their_directories():
-    """The book's shared runs (chapters 5, 7-10) and its depth sweep keep the original recipe."""
+def test_shared_runs_take_the_one_recipe_and_the_original_run_keeps_its_directory():
+    """The book's shared runs (chapters 5, 7-10) train with the one recipe of the stored controls
+    (controls_config: recipe_for, the pooled statistic); chapter 8's original-recipe run of model
+    A keeps the directory, and so the numbers, of the shared run it was before."""
     shared = shared_configs()
-    assert run_dir_for(shared[("A", "tree")], "r").name == "A-tree-K5-M5-N128-s1500-6a1833258d"
-    assert run_dir_for(shared[("C", "gaussian-twin")], "r").name == "C-gaussian-twin-K5-M5-N128-s1500-72af4d2573"
-    assert all((c.lr, c.warmup, c.queries) == (3e-3, 0.0, 64) for c in shared.values())
-    big = shared_configs(depth=6, budget=6, steps=3000)[("A", "tree")]
-    assert run_dir_for(big, "r") == run_dir_for(TrainConfig(**ORIGINAL_RECIPE), "r")
-    assert shared_configs(lr=1e-2)[("A", "tree")].lr == 1e-2           # overrides still win
+    control = controls_config("A", prior="tree", depth=5, alpha=0.5, n_ctx=128, noise_std=0.0, budget=5)
+    task_and_recipe = [f.name for f in dataclasses.fields(TrainConfig)
+                       if f.name not in ("eval_every", "data_seed", "device", "inputs")]
+    assert all(getattr(shared[("A", "tree")], k) == getattr(control, k) for k in task_and_recipe)
+    assert all(c.input_path == "statistic" for c in shared.values())
+    twin = controls_config("C", prior="gaussian-twin", depth=5, alpha=0.5, n_ctx=128, noise_std=0.0, budget=5)
+    assert shared[("C", "gaussian-twin")].alpha_start is None
+    assert all(getattr(shared[("C", "gaussian-twin")], k) == getattr(twin, k) for k in task_and_recipe)
+    original = original_config(shared[("A", "tree")])
+    assert run_dir_for(original, "r").name == "A-tree-K5-M5-N128-s1500-6a1833258d"
+    assert (original.lr, original.warmup, original.queries, original.input_path) == (3e-3, 0.0, 64, "tokens")
+    assert shared_configs(lr=3e-3)[("A", "tree")].lr == 3e-3           # overrides still win
+    assert shared_configs(alpha=0.6)[("B", "tree")].alpha_start == curriculum_start(0.6)
 
 
 #: Another valid value of every TrainConfig field (TINY warm-starts its router).
