@@ -17,7 +17,7 @@ from ..experiments.beside_theory import theory_reference
 from ..families import DEFAULT_FAMILY, get_family
 from ..plots.explorers import plot_training_run
 from ..plots.training import theory_label
-from ..priors import prior_kinds
+from ..priors import get_prior_kind, prior_kinds
 from ..training import (
     EVAL_SEED_OFFSET,
     RunDirError,
@@ -105,6 +105,8 @@ class TrainingExplorer(Explorer):
         model, prior = values["model"] if model is None else model, values["prior"] if prior is None else prior
         steps = values["steps"] if steps is None else steps
         data = self.base.to_dict() | {"model": model, "prior": prior, "steps": steps}
+        if not get_prior_kind(prior).is_tree:
+            data["alpha_start"] = None   # the curriculum acts on a tree's decay only (the one recipe's rule)
         if not self.fixed_eval:
             data["eval_every"] = data["checkpoint_every"] = max(steps // 20, 1)
         return TrainConfig.from_dict(data)

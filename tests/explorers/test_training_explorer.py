@@ -181,3 +181,14 @@ def test_training_explorer_names_its_baseline_in_words(tmp_path):
 def _figure_of(explorer):
     """The figure the explorer shows now (drawn again from its current values)."""
     return explorer._draw(**explorer.values())[0]
+
+
+def test_a_tree_curriculum_is_dropped_on_a_prior_without_one(tmp_path):
+    """A base run with the one recipe's tree curriculum (``alpha_start``) switched to the Gaussian
+    twin is the twin's run of the same recipe: no curriculum there (it would be refused)."""
+    explorer = training_explorer("A", "tree", 100, depth=3, budget=3, n_ctx=32, run_root=tmp_path,
+                                 reference_samples=200, batch=32, width=16, eval_contexts=64, device="cpu",
+                                 alpha_start=0.7)
+    assert explorer.config().alpha_start == 0.7
+    twin = explorer.config(prior="gaussian-twin")
+    assert twin.alpha_start is None and twin.prior == "gaussian-twin" and twin.depth == 3
