@@ -57,15 +57,15 @@ $(STAMP): requirements.txt pyproject.toml scripts/jupyter_server_config.py
 # failing. TQDM_DISABLE=1: progress bars show live in Jupyter and Colab, not as frozen text in
 # the static pages. Three steps, the first two on both cores:
 #  1. `fvlib experiment warm` trains the runs the chapters train (fvlib.experiments.inbuild.warm_work: the
-#     shared runs, chapter 8's seeds and depth sweep, its imitation run of model A, chapter 11's
-#     transformers), two processes of one thread, the longest first. The chapters then load
+#     shared runs, chapter 8's seeds, the methods appendix's original-recipe and imitation runs
+#     of model A, chapter 11's transformers), two processes of one thread, the longest first. The chapters then load
 #     them: the same runs, since training is deterministic.
 #  2. scripts/execute_book.py executes the notebooks two at a time, one thread per kernel
-#     (FIRST, the longest, starts first), into the Jupyter cache.
+#     (FIRST, the longest two, start first), into the Jupyter cache.
 #  3. jupyter-book renders the pages from that cache (execute_notebooks: cache in
 #     _config.yml); a notebook missing there it executes itself.
 # An FVLIB_RUN_ROOT you set must be an absolute path (the chapters run in book/).
-FIRST ?= book/08_experiments.ipynb
+FIRST ?= book/08_experiments.ipynb book/appendix_methods.ipynb
 book: $(STAMP)
 	rm -rf "$(HTML)" "$(BUILD)/.doctrees" "$(BUILD)/jupyter_execute" "$(BUILD)/.jupyter_cache"
 	$(BIN)/python -m fvlib experiment warm --jobs 2 --root "$${FVLIB_RUN_ROOT:-book/.fvlib_runs}"

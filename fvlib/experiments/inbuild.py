@@ -16,11 +16,12 @@ Shared runs (first trained in chapter 5, *Gaussian prior*, and reloaded by the l
   one thread each; :func:`warm_work` is what ``python -m fvlib warm`` trains with it ahead of
   the chapters.
 
-Chapter 8, *Experiments*, and chapter 11, *Standard transformers*:
+Chapter 8, *Experiments*, the appendix *How the experiments were run*, and chapter 11,
+*Standard transformers*:
 
 * :func:`original_config` and :func:`imitation_config` -- model A with the book's original
-  recipe and after the imitation warm start, the two recipes that chapter 8's section on the
-  gap sets beside the one recipe of the shared runs;
+  recipe and after the imitation warm start, the two recipes that the appendix *How the
+  experiments were run* sets beside the one recipe of the shared runs;
 * :func:`transformer_chapter_configs` -- chapter 11's standard transformers
   (:data:`TRANSFORMER_CHAPTER`);
 * :func:`seed_configs`, :func:`seed_plan` and :func:`train_seeds` -- the same configs at more
@@ -169,26 +170,26 @@ def train_parallel(work: Sequence, jobs: int = 2, root=None) -> dict[str, float]
     return out
 
 
-#: Training steps of chapter 8's run of model A with the book's original recipe
+#: Training steps of the methods appendix's run of model A with the book's original recipe
 #: (:func:`original_config`), the shared runs' length before the one recipe.
 ORIGINAL_STEPS = 1500
-#: Training steps of chapter 8's imitation run of model A (:func:`imitation_config`).
+#: Training steps of the methods appendix's imitation run of model A (:func:`imitation_config`).
 IMITATION_STEPS = 3000
 
 
 def original_config(base: TrainConfig) -> TrainConfig:
-    """Chapter 8's model A with the book's original recipe: ``base`` (the shared run of model
+    """The methods appendix's model A with the book's original recipe: ``base`` (the shared run of model
     A) with :data:`fvlib.training.config.ORIGINAL_RECIPE` (every token of every context, the
     sampled loss, batch 256, no curriculum) and :data:`ORIGINAL_STEPS` steps: the run the
-    chapters used before the one recipe, which that chapter's section on the gap sets beside
-    it. Its task, seed and evaluation are ``base``'s."""
+    chapters used before the one recipe, which the appendix *How the experiments were run*
+    sets beside it. Its task, seed and evaluation are ``base``'s."""
     return replace(base, steps=ORIGINAL_STEPS, batch=256, expected_loss=False, alpha_start=None,
                    **ORIGINAL_RECIPE)
 
 
 def imitation_config(base: TrainConfig) -> TrainConfig:
-    """Chapter 8's model A after the imitation warm start: ``base`` (the shared run of model A,
-    at ``K = 5`` or, in the chapter's ``FULL`` setting, ``K = 6``) with the recipe
+    """The methods appendix's model A after the imitation warm start: ``base`` (the shared run of model A,
+    at ``K = 5`` or, in the appendix's ``FULL`` setting, ``K = 6``) with the recipe
     :data:`fvlib.training.config.IMITATION_RECIPE` (its router first fitted to the greedy policy;
     the sampled loss, batch 256, no curriculum, every token of every context, as
     :func:`original_config`) and :data:`IMITATION_STEPS` steps."""
@@ -229,10 +230,10 @@ def warm_work() -> list:
 
     The runs chapters 5 and 7 to 11 train, each exactly as the chapter trains it (one thread):
     the batch of chapter 8's seeds 1 and 2 of the shared runs (:func:`seed_plan` with
-    :data:`SHARED_SEEDS`), chapter 8's imitation run of model A (:func:`imitation_config`), the
-    shared runs of model A alone, chapter 8's original-recipe run of model A
+    :data:`SHARED_SEEDS`), the methods appendix's imitation run of model A (:func:`imitation_config`),
+    the shared runs of model A alone, the methods appendix's original-recipe run of model A
     (:func:`original_config`), the shared runs of B and C alone and chapter 11's transformers
-    (:func:`transformer_chapter_configs`): the longest first. (Chapter 8's depth sweep is a
+    (:func:`transformer_chapter_configs`): the longest first. (The methods appendix's depth sweep is a
     stored experiment, ``depth-sweep-k6`` of :mod:`fvlib.experiments`, which no page build trains.)
     """
     shared = shared_configs()

@@ -5,7 +5,8 @@
   twice the steps, at most :data:`MAX_DOUBLINGS` times (:func:`may_double`,
   :func:`runs_to_double`; :func:`doubling_gain`: what a doubling bought).
 
-  - ``last-fifth`` (the stored files of chapter 8; :data:`CONVERGENCE_DROP`,
+  - ``last-fifth`` (the seven older stored files, read by the appendix *How the experiments were
+    run* and chapter 11; :data:`CONVERGENCE_DROP`,
     :func:`last_fifth_drop`, :func:`converged`): the evaluation loss fell by less than 2% over
     the last fifth of the steps.
   - ``paired-doubling`` (:func:`paired_drop`, :func:`paired_converged`): every run trains ``S``

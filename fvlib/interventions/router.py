@@ -1,6 +1,6 @@
 """What the router of a trained model A measures (gated, or any router whose keys are linear in
-the token) (chapter 8, *Experiments*, "Which half of
-model A falls short"; chapter 9, *Inside the model*), beside the theory on the same contexts.
+the token) (chapter 8, *Experiments*, "How close does model A come to the best adaptive reference?", and
+the appendix *How the experiments were run*; chapter 9, *Inside the model*), beside the theory on the same contexts.
 
 * :func:`measurement_profile` -- where each layer of a model A's router puts its
   measurement weight, relative to the context's own path;

@@ -126,7 +126,8 @@ def curriculum_start(alpha: float) -> float:
 #: training, ``router_warm_start`` regression steps fit its router to the greedy coordinate
 #: policy (:mod:`fvlib.training.warm_start`: the router is *shown* greedy's choices), which then trains
 #: at ``router_lr_scale`` times the learning rate. Other runs ignore the two fields
-#: (:attr:`TrainConfig.warm_starts`). Chapter 8 uses it to tell what model A can represent
+#: (:attr:`TrainConfig.warm_starts`). The appendix *How the experiments were run* uses it to tell
+#: what model A can represent
 #: from what it learns (``python -m fvlib train --imitation``).
 IMITATION_RECIPE = {**RECIPE, "router_warm_start": 600, "router_lr_scale": 0.1}
 
@@ -138,7 +139,7 @@ WARM_START_LR = 1e-2
 #: chapter 8's section on closing the gap to the adaptive references made the current
 #: :class:`TrainConfig` defaults: ``TrainConfig(**ORIGINAL_RECIPE, ...)`` gives the same numbers
 #: and the same :func:`run_dir_for` directories as those runs. The shared runs now take the one
-#: recipe (:func:`recipe_for`); this one appears where chapter 8 compares recipes
+#: recipe (:func:`recipe_for`); this one appears where the appendix *How the experiments were run* compares recipes
 #: (``original_config`` of :mod:`fvlib.experiments.inbuild`).
 #: Those runs drew every token of every context (``inputs = 'tokens'``), so the recipe pins that path.
 ORIGINAL_RECIPE = {"lr": 3e-3, "warmup": 0.0, "queries": 64, "width": 128, "router_warm_start": 0,
