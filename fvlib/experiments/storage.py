@@ -88,6 +88,22 @@ def _beside_names(name: str) -> tuple[str, str]:
     return f"{name}{THEORY_PARAMS_SUFFIX}", f"{name}{MODELS_SUFFIX}"
 
 
+def _read_sidecar(path: Path, name: str, file_format: str, what: str, missing: str):
+    """``(tensors, metadata)`` of the safetensors file ``path`` beside experiment ``name``'s result,
+    whose metadata must name ``file_format`` and ``name``; a missing file (the message ``missing``),
+    an unreadable one or another's raises :class:`~fvlib.experiments.records.ResultError` naming ``what``."""
+    if not path.is_file():
+        raise ResultError(missing)
+    try:
+        tensors, metadata = tensors_from_bytes(path.read_bytes(), path)
+    except (OSError, RunDirError) as err:
+        raise ResultError(f"unreadable {what} {path}: {err}") from None
+    if metadata.get("format") != file_format or metadata.get("experiment") != name:
+        raise ResultError(f"{path} holds no {what} of experiment {name!r} (metadata: format "
+                          f"{metadata.get('format')!r}, experiment {metadata.get('experiment')!r})")
+    return tensors, metadata
+
+
 def load_theory_params(name: str, directory=None) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """``(tensors, metadata)`` of experiment ``name``'s stored theory parameters
     (:func:`theory_params_path`): the tensors by key (:class:`~fvlib.experiments.references.TheoryParams`), the metadata
@@ -95,16 +111,9 @@ def load_theory_params(name: str, directory=None) -> tuple[dict[str, torch.Tenso
     each searched reference's starts and their held-out losses). Raises :class:`~fvlib.experiments.records.ResultError`
     naming the file when it is missing, unreadable or of another experiment."""
     path = theory_params_path(name, directory)
-    if not path.is_file():
-        raise ResultError(f"no stored theory parameters {path}; recompute the references with "
-                          f"fvlib.experiments.refresh_theory({name!r})")
-    try:
-        tensors, metadata = tensors_from_bytes(path.read_bytes(), path)
-    except (OSError, RunDirError) as err:
-        raise ResultError(f"unreadable theory parameters {path}: {err}") from None
-    if metadata.get("format") != THEORY_PARAMS_FORMAT or metadata.get("experiment") != name:
-        raise ResultError(f"{path} holds no theory parameters of experiment {name!r} (metadata: format "
-                          f"{metadata.get('format')!r}, experiment {metadata.get('experiment')!r})")
+    tensors, metadata = _read_sidecar(path, name, THEORY_PARAMS_FORMAT, "theory parameters",
+                                      f"no stored theory parameters {path}; recompute the references with "
+                                      f"fvlib.experiments.refresh_theory({name!r})")
     for field in ("optimiser_starts", "selection_seed"):
         if not str(metadata.get(field, "")).isdigit():
             raise ResultError(f"{path}: metadata {field} must be a count, got {metadata.get(field)!r}")
@@ -118,16 +127,9 @@ def load_models_file(name: str, directory=None) -> dict[str, dict]:
     unreadable, of another experiment, or when a tensor or a metadata entry has no partner. The
     seal is not checked here (:func:`read_result` does)."""
     path = models_path(name, directory)
-    if not path.is_file():
-        raise ResultError(f"no kept models {path}; write them from the run directories with "
-                          f"`python -m fvlib experiment keep-models {name}`")
-    try:
-        tensors, metadata = tensors_from_bytes(path.read_bytes(), path)
-    except (OSError, RunDirError) as err:
-        raise ResultError(f"unreadable kept models {path}: {err}") from None
-    if metadata.get("format") != MODELS_FORMAT or metadata.get("experiment") != name:
-        raise ResultError(f"{path} holds no kept models of experiment {name!r} (metadata: format "
-                          f"{metadata.get('format')!r}, experiment {metadata.get('experiment')!r})")
+    tensors, metadata = _read_sidecar(path, name, MODELS_FORMAT, "kept models",
+                                      f"no kept models {path}; write them from the run directories with "
+                                      f"`python -m fvlib experiment keep-models {name}`")
     models = {}
     for entry, value in sorted(metadata.items()):
         key, _, field = entry.rpartition("/")
