@@ -52,8 +52,10 @@ from .definitions import (
 from .kept_models import keep_models, load_stored_model, stored_model_keys
 from .provenance import provenance, provenance_line, provenance_summary
 from .readers import (
+                          CONTROL_CURVES,
                           CONTROL_REFERENCES,
                           attempt_loss,
+                          controls_panels,
                           controls_rows,
                           decay_fits,
                           depth_sweep_of,
@@ -106,6 +108,7 @@ from .storage import (
 from .verify import prefix_runs, theory_differences, verify
 
 __all__ = [
+    "CONTROL_CURVES",
     "CONTROL_REFERENCES",
     "CONTROL_VARIANTS",
     "CONVERGENCE_DROP",
@@ -135,6 +138,7 @@ __all__ = [
     "attempt_loss",
     "check_results_dir",
     "controls_config",
+    "controls_panels",
     "controls_rows",
     "converged",
     "decay_fits",

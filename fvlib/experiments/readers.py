@@ -4,7 +4,8 @@ Every function takes the result dict of :func:`~fvlib.experiments.storage.load_r
 :mod:`fvlib.experiments.records`) and computes nothing but summaries of its numbers:
 :func:`summarise` and :func:`point_rows` (one row per point), :func:`depth_sweep_of`,
 :func:`theory_curves`, :func:`decay_fits`, :func:`sweep_table_rows`, :func:`attempt_loss`,
-:func:`controls_rows` (the controls experiments: each point against model B and the references).
+:func:`controls_rows` (the controls experiments: each point against model B and the references),
+:func:`controls_panels` (their headline figure's curves).
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import numpy as np
 
 from ..stats import independent_ratio, seed_mean, seed_mean_stderr
 from ..theory.fits import fit_decay
-from .definitions import run_key
+from .definitions import CONTROL_VARIANTS, run_key
 from .inbuild import DepthSweep
 from .rules import doubling_gain, failed, last_fifth_drop, point_of
 
-__all__ = ["CONTROL_REFERENCES", "attempt_loss", "controls_rows", "decay_fits", "depth_sweep_of", "point_rows",
+__all__ = ["CONTROL_CURVES", "CONTROL_REFERENCES", "attempt_loss", "controls_panels", "controls_rows",
+           "decay_fits", "depth_sweep_of", "point_rows",
            "summarise", "sweep_table_rows", "theory_curves"]
 
 def _records_by_point(data: dict) -> dict[tuple, list[dict]]:
@@ -241,3 +243,40 @@ def controls_rows(data: dict, against: str = "B") -> list[dict]:
         for name in CONTROL_REFERENCES.get(row["prior"], ()):
             row[f"ratio_to/{name}"] = independent_ratio(estimate, _reference(theory, name, row["budget"]))
     return rows
+
+
+#: The theory curves drawn beside the trained ones of a controls experiment, by prior
+#: (:func:`controls_panels`): on the tree greedy (adaptive), the best fixed coordinates, the
+#: optimised fixed directions and the linear estimator; on the Gaussian twin its closed form.
+CONTROL_CURVES = {"tree": ("adaptive_greedy", "nonadaptive_best_coord", "nonadaptive_opt", "lmmse"),
+                  "gaussian-twin": ("twin",)}
+
+
+def controls_panels(data: dict, drop_failed: bool = False) -> list[tuple]:
+    """The panels of a controls experiment's headline figure
+    (:func:`fvlib.plots.training.plot_controls`), one per prior it trained on (tree first):
+    ``(prior, sweep, theory)`` with ``sweep`` the :func:`depth_sweep_of` of every variant stored
+    on that prior (budgets stored for every seed of every variant) and ``theory``
+    ``{name: (mean (n,), stderr (n,))}`` of :data:`CONTROL_CURVES` at those budgets (the twin's
+    closed form has no Monte Carlo error: stderr 0). ``drop_failed``: as in :func:`depth_sweep_of`."""
+    theory = data["theory"] or {}
+    if "budgets" not in theory:
+        raise ValueError(f"controls_panels needs a depth-sweep result (theory with budgets), got theory keys "
+                         f"{sorted(theory)}")
+    rows = summarise(data)
+    panels = []
+    for prior in sorted({r["prior"] for r in rows}, key=lambda p: p != "tree"):
+        variants = sorted({r["variant"] for r in rows if r["prior"] == prior}, key=_variant_order)
+        sweep = depth_sweep_of(data, variants, prior, drop_failed=drop_failed)
+        index = [theory["budgets"].index(int(b)) for b in sweep.budgets]
+        if prior == "gaussian-twin":
+            curves = {"twin": (np.asarray(theory["twin"])[index], np.zeros(len(index)))}
+        else:
+            curves = theory_curves(data, [n for n in CONTROL_CURVES[prior] if n in theory["curves"]], sweep.budgets)
+        panels.append((prior, sweep, curves))
+    return panels
+
+
+def _variant_order(variant: str) -> tuple:
+    """The order of :data:`~fvlib.experiments.definitions.CONTROL_VARIANTS`; other variants after, by name."""
+    return (CONTROL_VARIANTS.index(variant) if variant in CONTROL_VARIANTS else len(CONTROL_VARIANTS), variant)

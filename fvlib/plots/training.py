@@ -255,7 +255,7 @@ def plot_depth_sweep(sweep, theory: Mapping[str, tuple] | None = None, ax=None, 
 
 def plot_controls(panels: Sequence[tuple], floor: float | None = None, axes=None):
     """The controls experiments' depth curves: one row per panel, each drawn on semilog (left)
-    and log-log (right) axes by :func:`plot_depth_sweep`.
+    and log-log (right) axes by :func:`plot_depth_sweep`, the row's legend to the right of it.
 
     ``panels``: ``(title, sweep, theory)`` per row (a :class:`~fvlib.experiments.inbuild.DepthSweep`
     of the row's variants and ``{name: (mean (n,), stderr (n,))}`` of its theory curves, as
@@ -264,7 +264,9 @@ def plot_controls(panels: Sequence[tuple], floor: float | None = None, axes=None
     axes.
     """
     if axes is None:
-        _, axes = plt.subplots(len(panels), 2, figsize=(11, 4.2 * len(panels)), squeeze=False)
+        heights = [4.0 if set(theory) != {"twin"} else 2.8 for _, _, theory in panels]
+        _, axes = plt.subplots(len(panels), 2, figsize=(12, sum(heights)), squeeze=False,
+                               gridspec_kw=dict(height_ratios=heights), constrained_layout=True)
     for (title, sweep, theory), row in zip(panels, axes):
         for ax, scale in zip(row, ("semilog", "log-log")):
             plot_depth_sweep(sweep, theory, ax=ax)
@@ -275,5 +277,8 @@ def plot_controls(panels: Sequence[tuple], floor: float | None = None, axes=None
                 ax.set_xticks(sweep.budgets, [str(b) for b in sweep.budgets])
                 ax.minorticks_off()
             ax.set_title(f"{title}, {scale}", fontsize=10)
-            ax.legend(fontsize=6.5)
+        row[1].set_ylabel("")
+        if row[0].get_legend() is not None:
+            row[0].get_legend().remove()
+        row[1].legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
     return axes

@@ -121,3 +121,21 @@ def test_controls_rows_refuse_a_file_without_budgets():
     data["theory"] = {"tree": {}}
     with pytest.raises(ValueError, match="depth-sweep"):
         controls_rows(data)
+
+
+def test_controls_panels_put_the_tree_first_with_its_curves_and_the_twin_with_its_closed_form():
+    data = _controls_result()
+    data["runs"] = {k: r for k, r in data["runs"].items() if not (r["variant"] == "B" and r["budget"] == 2)}
+    (tree, tree_sweep, tree_theory), (twin, twin_sweep, twin_theory) = experiments.controls_panels(data)
+    assert (tree, twin) == ("tree", "gaussian-twin")
+    assert list(tree_sweep.loss) == ["A", "B"] and tree_sweep.budgets.tolist() == [1]   # B has no M = 2
+    assert set(tree_theory) == {"adaptive_greedy", "nonadaptive_opt", "lmmse"}   # the curves stored
+    assert twin_sweep.budgets.tolist() == [1, 2] and twin_sweep.loss["A"][1] == pytest.approx(0.75)
+    assert twin_theory["twin"][0].tolist() == data["theory"]["twin"]
+
+
+def test_controls_panels_refuse_a_file_without_budgets():
+    data = _controls_result()
+    data["theory"] = {"tree": {}}
+    with pytest.raises(ValueError, match="depth-sweep"):
+        experiments.controls_panels(data)
