@@ -31,6 +31,7 @@ from .patching import (
     patching_ratio,
     patching_summary,
     patching_sweep,
+    patching_trends,
     state_patching_sweep,
 )
 from .probes import (

@@ -24,6 +24,8 @@ the standard transformers, state patching (chapter 11, *Standard transformers*):
 * :func:`patch_level_effect` -- one cell of the sweep, resolved by tree level.
 * :func:`patching_ratio`, :func:`patching_summary` -- a heatmap read as ratios to the
   unpatched loss of the same targets, summarised after, at and before the split.
+* :func:`patching_trends` -- the two trends of the claim "the loss rises when the paths split
+  early and the patch is early", counted cell against neighbouring cell after the split.
 
 Conventions: layers ``l = 1..L`` in column ``l - 1``, split levels ``m = 1..K`` in row ``m - 1``
 (:mod:`fvlib.theory.patching`). In the ideal adaptive model layer ``l`` measures the path node
@@ -66,6 +68,7 @@ __all__ = [
     "state_patching_sweep",
     "patching_ratio",
     "patching_summary",
+    "patching_trends",
     "LevelEffect",
     "patch_level_effect",
 ]
@@ -265,6 +268,31 @@ def patching_summary(result) -> dict[str, float]:
     out["max_z_not_after"] = float(z.max())
     out["max_rel_not_after"] = float(np.abs(ratio[sel] - 1).max())
     return out
+
+
+def patching_trends(result, z: float = 2.0) -> dict[str, dict[str, int]]:
+    """The trends of a key-patching heatmap after the split (cells ``l > m``), each counted
+    over neighbouring cells: ``"split_early"`` compares ``(m, l)`` with ``(m + 1, l)`` (the same
+    layer, the paths splitting one level later; ``m + 1 < l``) and ``"patch_early"`` compares
+    ``(m, l)`` with ``(m, l + 1)`` (the same split, the patch one layer later).
+
+    Each trend is ``{"held", "reversed", "tested"}``: the pairs where the earlier cell's loss is
+    above the later one's by more than ``z`` times their two standard errors added (a
+    conservative error: the cells of one row share their targets), the pairs where it is below
+    by as much, and the pairs compared. ``z``: a positive number."""
+    if not z > 0:
+        raise ValueError(f"z must be a positive number, got {z!r}")
+    loss = np.asarray(result.loss, dtype=float)
+    se = np.asarray(result.stderr, dtype=float)
+    K, L = loss.shape
+    pairs = {"split_early": [((m, l), (m + 1, l)) for l in range(L) for m in range(K - 1) if m + 1 < l],
+             "patch_early": [((m, l), (m, l + 1)) for m in range(K) for l in range(L - 1) if l > m]}
+    trends = {}
+    for name, cells in pairs.items():
+        gaps = [(loss[a] - loss[b]) / (se[a] + se[b]) for a, b in cells]
+        trends[name] = {"held": int(sum(g > z for g in gaps)), "reversed": int(sum(g < -z for g in gaps)),
+                        "tested": len(gaps)}
+    return trends
 
 
 # ----------------------------------------------------------------------------------------
