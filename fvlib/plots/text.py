@@ -13,6 +13,11 @@ way, by :func:`quote_word`, so the page shows what the rule decided on this buil
 
 Outside a book build (Jupyter without myst-nb, Colab) :func:`quote` and :func:`quote_word` only
 return the value, and the markdown shows the role's text instead.
+
+A figure that the page shows somewhere else than under its code (inside a box, say) is glued
+the same way: :func:`quote_figure` in a cell tagged ``remove-cell``, and a
+``{glue:figure}`` directive where the figure belongs. In Jupyter and on Colab the figure shows
+under its code cell.
 """
 
 from __future__ import annotations
@@ -20,10 +25,18 @@ from __future__ import annotations
 import numbers
 import re
 
-__all__ = ["quote", "quote_word"]
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+__all__ = ["quote", "quote_figure", "quote_word"]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 _WORDS = re.compile(r"[A-Za-z][A-Za-z '-]*")
+
+
+def _check_name(name) -> None:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(f"name must be letters, digits, '-' and '_', got {name!r}")
 
 
 def quote(name: str, value):
@@ -61,3 +74,21 @@ def _glue(name: str, value):
         return value
     glue(name, value, display=False)
     return value
+
+
+def quote_figure(name: str, fig) -> None:
+    """Show the matplotlib figure ``fig`` under its code cell and glue it under ``name`` for a
+    ``{glue:figure}`` elsewhere on the page; ``fig`` is closed afterwards, so Jupyter's inline
+    backend does not draw it a second time. ``name``: as for :func:`quote`."""
+    _check_name(name)
+    if not isinstance(fig, Figure):
+        raise ValueError(f"fig of {name!r} must be a matplotlib Figure, got {type(fig).__name__}")
+    try:
+        from myst_nb import glue
+    except ImportError:  # not a book build: only shown
+        from IPython.display import display
+
+        display(fig)
+    else:
+        glue(name, fig, display=True)
+    plt.close(fig)

@@ -56,3 +56,37 @@ def test_quote_word_glues_words_that_myst_nb_pastes_as_they_are(monkeypatch):
 def test_quote_word_refuses_bad_names_and_digits(name, text):
     with pytest.raises(ValueError, match="name|text"):
         quote_word(name, text)
+
+
+def test_quote_figure_shows_the_figure_once_and_glues_it(monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from fvlib.plots.text import quote_figure
+
+    shell = InteractiveShell.instance()
+    outputs = []
+    monkeypatch.setattr(shell.display_pub, "publish",
+                        lambda data, metadata=None, **kw: outputs.append((data, metadata)))
+    fig, ax = plt.subplots(figsize=(2, 1))
+    ax.plot([0, 1], [1, 0])
+    quote_figure("fig-k4-box", fig)
+    (data, metadata), = outputs
+    assert metadata["scrapbook"]["name"] == "fig-k4-box"
+    # shown here too: the mime types carry no glue prefix (a kernel with the inline backend
+    # adds image/png to the bundle)
+    assert data and not any(k.startswith("application/papermill") for k in data), data
+    assert not plt.fignum_exists(fig.number)      # closed: the inline backend does not draw it again
+
+
+def test_quote_figure_refuses_bad_names_and_non_figures():
+    import matplotlib.pyplot as plt
+
+    from fvlib.plots.text import quote_figure
+
+    fig = plt.figure()
+    with pytest.raises(ValueError, match="name"):
+        quote_figure("bad name", fig)
+    plt.close(fig)
+    for not_a_figure in (None, 1.0, plt):
+        with pytest.raises(ValueError, match="fig"):
+            quote_figure("x", not_a_figure)
