@@ -53,6 +53,8 @@ FUNCTION_WORDS = {"and", "or", "to", "at", "of", "in", "on", "for", "from", "wit
 ALLOWED: dict[tuple[str, str], str] = {
     ("book/04_dynamic_programming.ipynb", "1.25"):
         "a noise level of the DP's grid (tau = 1.25) and exact arithmetic (1/2 * 1.5 + 1/2 * 1 = 1.25 bits)",
+    **{(page, "0.125"): "alpha^3 = 1/8 at alpha = 1/2, exact arithmetic of the noise-free losses"
+       for page in ("book/06_tree.ipynb", "book/08_experiments.ipynb", "book/course/problem_set_3.ipynb")},
 }
 
 
