@@ -24,6 +24,7 @@ from .attention import AttentionSpread, attention_spread
 from .patching import (
     STATE_PATCH_KINDS,
     LevelEffect,
+    PatchingSteps,
     ReferenceDistances,
     key_patching_sweep,
     pair_patcher,
@@ -31,6 +32,7 @@ from .patching import (
     patch_level_effect,
     patching_cost,
     patching_ratio,
+    patching_steps,
     patching_summary,
     patching_sweep,
     reference_distances,

@@ -27,7 +27,8 @@ the standard transformers, state patching (chapter 11, *Standard transformers*):
 * :func:`reference_distances` -- which of two theory references (the aware and unaware
   patched policies of :mod:`fvlib.theory.patching_policies`) a heatmap follows: the RMS
   distance over the cells after the split, its standard error by bootstrap over the pairs
-  (a :class:`ReferenceDistances`).
+  (a :class:`ReferenceDistances`); :func:`patching_steps` -- how the loss moves from cell to
+  cell along a row and down a column, in standard errors (the paper's "early" claims).
 
 Conventions: layers ``l = 1..L`` in column ``l - 1``, split levels ``m = 1..K`` in row ``m - 1``
 (:mod:`fvlib.theory.patching`). In the ideal adaptive model layer ``l`` measures the path node
@@ -49,6 +50,7 @@ from ..hooks import HookedModel, hook_name, replace_with
 from ..models import FVTransformer
 from ..priors import TreePrior
 from ..resources import check_fits
+from ..stats import mean_and_stderr
 from ..task import StatisticBatch, TaskBatch, make_generator
 from ..theory import (
     DEFAULT_CHUNK,
@@ -74,6 +76,8 @@ __all__ = [
     "patching_summary",
     "ReferenceDistances",
     "reference_distances",
+    "PatchingSteps",
+    "patching_steps",
     "LevelEffect",
     "patch_level_effect",
 ]
@@ -363,6 +367,37 @@ def reference_distances(result, references: Mapping, *, resamples: int = 1000, t
                               threshold=float(threshold), resamples=resamples)
 
 
+@dataclass
+class PatchingSteps:
+    """How a key-patching heatmap's loss moves between neighbouring cells, in standard errors.
+
+    Attributes:
+        along_layers: ``(K, L - 1)``; ``[m - 1, l - 1]`` is ``loss[m, l + 1] - loss[m, l]`` (one
+            layer later, the same split level) over its standard error, paired on the row's pairs.
+        along_splits: ``(K - 1, L)``; ``[m - 1, l - 1]`` is ``loss[m + 1, l] - loss[m, l]`` (the
+            split one level deeper, the same layer) over the two cells' errors added in
+            quadrature (the rows' pairs are independent).
+    """
+
+    along_layers: torch.Tensor
+    along_splits: torch.Tensor
+
+
+def patching_steps(result) -> PatchingSteps:
+    """The :class:`PatchingSteps` of a heatmap that keeps its per-pair ``errors`` (a sweep's).
+    Negative entries: the loss falls as the patch moves later or the split deeper. A step whose
+    standard error is 0 (two cells that are the same function of the pairs) gives ``nan`` when
+    the loss does not move, ``+-inf`` when it does. ``ValueError`` without per-pair errors."""
+    if getattr(result, "errors", None) is None:
+        raise ValueError(f"result must be a PatchingResult with its per-pair errors, got {type(result).__name__} "
+                         "without them")
+    errors = result.errors.double()  # (K, L, n)
+    layer_step, layer_se = mean_and_stderr(errors[:, 1:] - errors[:, :-1])
+    loss, se = mean_and_stderr(errors)
+    split_se = torch.hypot(se[1:], se[:-1])
+    return PatchingSteps(along_layers=layer_step / layer_se, along_splits=(loss[1:] - loss[:-1]) / split_se)
+
+
 # ----------------------------------------------------------------------------------------
 # One cell, level by level
 # ----------------------------------------------------------------------------------------
@@ -400,12 +435,15 @@ def patch_level_effect(
     n_layers: int | None = None,
     contexts: int = 500,
     seed: int = 0,
+    reference: str = "aware",
 ) -> LevelEffect:
     """Key-patch layer ``layer`` with donors that split off at ``split_level`` and score the
     prediction level by level (one cell of the sweep, resolved by tree level).
 
     With ``model`` the trained model is patched (as in :func:`key_patching_sweep`); without it
-    the greedy theory policy of depth ``n_layers`` (as in :func:`fvlib.theory.patching_policies.theory_patching_sweep`).
+    the greedy theory policy of depth ``n_layers`` (as in :func:`fvlib.theory.patching_policies.theory_patching_sweep`),
+    aware or unaware of the patch (``reference``, one of
+    :data:`~fvlib.theory.patching_policies.PATCHING_REFERENCES`; ignored with ``model``).
     ``contexts`` pairs drawn with ``seed``.
     """
     check_tree(tree)
@@ -415,7 +453,7 @@ def patch_level_effect(
     run_pair = (
         pair_patcher(model, PredictTheta(model, statistic=model.reads_statistic), "keys", [layer])
         if model is not None
-        else greedy_patcher(tree, depth, channel_tau2(tree, n_ctx, noise_std), [layer])
+        else greedy_patcher(tree, depth, channel_tau2(tree, n_ctx, noise_std), [layer], reference=reference)
     )
     pairs = patching_pairs(tree, contexts, split_level, n_ctx, noise_std, make_generator(seed))
     clean, (patched,), target, donor = run_pair(*pairs)
