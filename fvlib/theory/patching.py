@@ -130,7 +130,7 @@ class PatchingResult:
         errors: ``(K, L, n)``, the target's squared error of every pair in every cell (``loss``
             is its mean over the last axis; pair ``i`` of row ``m`` is the same pair in every
             column, and in every sweep with the same ``seed``), or ``None``; not in
-            :meth:`to_dict`. A bootstrap over the pairs reads it
+            ``to_dict()``. A bootstrap over the pairs reads it
             (:func:`fvlib.interventions.patching.reference_distances`).
     """
 
