@@ -24,7 +24,6 @@ from .attention import AttentionSpread, attention_spread
 from .patching import (
     STATE_PATCH_KINDS,
     LevelEffect,
-    PatchingSteps,
     ReferenceDistances,
     key_patching_sweep,
     pair_patcher,
@@ -32,9 +31,9 @@ from .patching import (
     patch_level_effect,
     patching_cost,
     patching_ratio,
-    patching_steps,
     patching_summary,
     patching_sweep,
+    patching_trends,
     reference_distances,
     state_patching_sweep,
 )

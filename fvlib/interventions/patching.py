@@ -24,11 +24,12 @@ the standard transformers, state patching (chapter 11, *Standard transformers*):
 * :func:`patch_level_effect` -- one cell of the sweep, resolved by tree level.
 * :func:`patching_ratio`, :func:`patching_summary` -- a heatmap read as ratios to the
   unpatched loss of the same targets, summarised after, at and before the split.
+* :func:`patching_trends` -- the two trends of the claim "the loss rises when the paths split
+  early and the patch is early", counted cell against neighbouring cell after the split.
 * :func:`reference_distances` -- which of two theory references (the aware and unaware
   patched policies of :mod:`fvlib.theory.patching_policies`) a heatmap follows: the RMS
   distance over the cells after the split, its standard error by bootstrap over the pairs
-  (a :class:`ReferenceDistances`); :func:`patching_steps` -- how the loss moves from cell to
-  cell along a row and down a column, in standard errors (the paper's "early" claims).
+  (a :class:`ReferenceDistances`).
 
 Conventions: layers ``l = 1..L`` in column ``l - 1``, split levels ``m = 1..K`` in row ``m - 1``
 (:mod:`fvlib.theory.patching`). In the ideal adaptive model layer ``l`` measures the path node
@@ -50,7 +51,6 @@ from ..hooks import HookedModel, hook_name, replace_with
 from ..models import FVTransformer
 from ..priors import TreePrior
 from ..resources import check_fits
-from ..stats import mean_and_stderr
 from ..task import StatisticBatch, TaskBatch, make_generator
 from ..theory import (
     DEFAULT_CHUNK,
@@ -74,10 +74,9 @@ __all__ = [
     "state_patching_sweep",
     "patching_ratio",
     "patching_summary",
+    "patching_trends",
     "ReferenceDistances",
     "reference_distances",
-    "PatchingSteps",
-    "patching_steps",
     "LevelEffect",
     "patch_level_effect",
 ]
@@ -279,6 +278,31 @@ def patching_summary(result) -> dict[str, float]:
     return out
 
 
+def patching_trends(result, z: float = 2.0) -> dict[str, dict[str, int]]:
+    """The trends of a key-patching heatmap after the split (cells ``l > m``), each counted
+    over neighbouring cells: ``"split_early"`` compares ``(m, l)`` with ``(m + 1, l)`` (the same
+    layer, the paths splitting one level later; ``m + 1 < l``) and ``"patch_early"`` compares
+    ``(m, l)`` with ``(m, l + 1)`` (the same split, the patch one layer later).
+
+    Each trend is ``{"held", "reversed", "tested"}``: the pairs where the earlier cell's loss is
+    above the later one's by more than ``z`` times their two standard errors added (a
+    conservative error: the cells of one row share their targets), the pairs where it is below
+    by as much, and the pairs compared. ``z``: a positive number."""
+    if not z > 0:
+        raise ValueError(f"z must be a positive number, got {z!r}")
+    loss = np.asarray(result.loss, dtype=float)
+    se = np.asarray(result.stderr, dtype=float)
+    K, L = loss.shape
+    pairs = {"split_early": [((m, l), (m + 1, l)) for l in range(L) for m in range(K - 1) if m + 1 < l],
+             "patch_early": [((m, l), (m, l + 1)) for m in range(K) for l in range(L - 1) if l > m]}
+    trends = {}
+    for name, cells in pairs.items():
+        gaps = [(loss[a] - loss[b]) / (se[a] + se[b]) for a, b in cells]
+        trends[name] = {"held": int(sum(g > z for g in gaps)), "reversed": int(sum(g < -z for g in gaps)),
+                        "tested": len(gaps)}
+    return trends
+
+
 # ----------------------------------------------------------------------------------------
 # Which reference a heatmap follows
 # ----------------------------------------------------------------------------------------
@@ -365,37 +389,6 @@ def reference_distances(result, references: Mapping, *, resamples: int = 1000, t
     return ReferenceDistances(distance=dict(zip(names, point)), stderr={k: float(b.std()) for k, b in zip(names, boot)},
                               difference=difference, difference_stderr=difference_se, follows=follows,
                               threshold=float(threshold), resamples=resamples)
-
-
-@dataclass
-class PatchingSteps:
-    """How a key-patching heatmap's loss moves between neighbouring cells, in standard errors.
-
-    Attributes:
-        along_layers: ``(K, L - 1)``; ``[m - 1, l - 1]`` is ``loss[m, l + 1] - loss[m, l]`` (one
-            layer later, the same split level) over its standard error, paired on the row's pairs.
-        along_splits: ``(K - 1, L)``; ``[m - 1, l - 1]`` is ``loss[m + 1, l] - loss[m, l]`` (the
-            split one level deeper, the same layer) over the two cells' errors added in
-            quadrature (the rows' pairs are independent).
-    """
-
-    along_layers: torch.Tensor
-    along_splits: torch.Tensor
-
-
-def patching_steps(result) -> PatchingSteps:
-    """The :class:`PatchingSteps` of a heatmap that keeps its per-pair ``errors`` (a sweep's).
-    Negative entries: the loss falls as the patch moves later or the split deeper. A step whose
-    standard error is 0 (two cells that are the same function of the pairs) gives ``nan`` when
-    the loss does not move, ``+-inf`` when it does. ``ValueError`` without per-pair errors."""
-    if getattr(result, "errors", None) is None:
-        raise ValueError(f"result must be a PatchingResult with its per-pair errors, got {type(result).__name__} "
-                         "without them")
-    errors = result.errors.double()  # (K, L, n)
-    layer_step, layer_se = mean_and_stderr(errors[:, 1:] - errors[:, :-1])
-    loss, se = mean_and_stderr(errors)
-    split_se = torch.hypot(se[1:], se[:-1])
-    return PatchingSteps(along_layers=layer_step / layer_se, along_splits=(loss[1:] - loss[:-1]) / split_se)
 
 
 # ----------------------------------------------------------------------------------------

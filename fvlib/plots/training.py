@@ -253,21 +253,22 @@ def plot_depth_sweep(sweep, theory: Mapping[str, tuple] | None = None, ax=None, 
     return ax
 
 
-def plot_controls(panels: Sequence[tuple], floor: float | None = None, axes=None):
+def plot_controls(panels: Sequence[tuple], floor: float | None = None):
     """The controls experiments' depth curves: one row per panel, each drawn on semilog (left)
-    and log-log (right) axes by :func:`plot_depth_sweep`, the row's legend to the right of it.
+    and log-log (right) axes by :func:`plot_depth_sweep`, the row's legend below it (one
+    subfigure per row).
 
     ``panels``: ``(title, sweep, theory)`` per row (a :class:`~fvlib.experiments.inbuild.DepthSweep`
     of the row's variants and ``{name: (mean (n,), stderr (n,))}`` of its theory curves, as
     :func:`plot_depth_sweep` takes them). ``floor``: the finite-``N`` floor, a dotted horizontal
     line on the tree rows (those whose theory is not only the twin's). Returns the ``(rows, 2)``
-    axes.
+    array of axes (their figure: ``axes[0, 0].figure.figure``).
     """
-    if axes is None:
-        heights = [4.0 if set(theory) != {"twin"} else 2.8 for _, _, theory in panels]
-        _, axes = plt.subplots(len(panels), 2, figsize=(12, sum(heights)), squeeze=False,
-                               gridspec_kw=dict(height_ratios=heights), constrained_layout=True)
-    for (title, sweep, theory), row in zip(panels, axes):
+    heights = [4.8 if set(theory) != {"twin"} else 3.8 for _, _, theory in panels]
+    figure = plt.figure(figsize=(10, sum(heights)), layout="constrained")
+    rows = figure.subfigures(len(panels), 1, height_ratios=heights, squeeze=False)[:, 0]
+    axes = np.array([row.subplots(1, 2) for row in rows])
+    for (title, sweep, theory), row, subfigure in zip(panels, axes, rows):
         for ax, scale in zip(row, ("semilog", "log-log")):
             plot_depth_sweep(sweep, theory, ax=ax)
             if floor is not None and set(theory) != {"twin"}:
@@ -277,8 +278,9 @@ def plot_controls(panels: Sequence[tuple], floor: float | None = None, axes=None
                 ax.set_xticks(sweep.budgets, [str(b) for b in sweep.budgets])
                 ax.minorticks_off()
             ax.set_title(f"{title}, {scale}", fontsize=10)
+            if ax.get_legend() is not None:
+                ax.get_legend().remove()
         row[1].set_ylabel("")
-        if row[0].get_legend() is not None:
-            row[0].get_legend().remove()
-        row[1].legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
+        subfigure.legend(*row[1].get_legend_handles_labels(), fontsize=8, ncol=2, loc="outside lower center",
+                         frameon=False)
     return axes

@@ -73,9 +73,9 @@ def test_version_is_the_same_everywhere():
     assert sync_colab_cells.repository_branch(ROOT) == f"v{fvlib.__version__}"
 
 
-def test_preface_and_readme_name_the_current_tag():
+def test_running_page_and_readme_name_the_current_tag():
     tag = f"v{fvlib.__version__}"
-    for name in ("book/index.md", "README.md", "book/appendix_api.md"):
+    for name in ("book/running.md", "README.md", "book/appendix_api.md"):
         assert tag in (ROOT / name).read_text(), f"{name} does not mention {tag}"
 
 

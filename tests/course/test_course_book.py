@@ -110,10 +110,10 @@ def test_course_cross_references_exist(book, name):
         assert target.with_suffix(".md").exists() or target.with_suffix(".ipynb").exists(), f"{name}: {{doc}} {doc}"
 
 
-def test_syllabus_has_six_sessions_with_three_exercises_each(book):
+def test_syllabus_has_seven_sessions_with_three_exercises_each(book):
     text = book["texts"][COURSE / "syllabus.md"]
     sessions = re.split(r"^### Session \d+", text, flags=re.M)[1:]
-    assert len(sessions) == 6
+    assert len(sessions) == 7
     for number, body in enumerate(sessions, start=1):
         for part in ("Learning objectives", "Read", "In class", "Problems"):
             assert re.search(rf"^{part}\n:", body, re.M), f"session {number} lacks '{part}'"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fvlib import TreePrior, make_generator
-from fvlib.interventions import key_patching_sweep, patching_steps, reference_distances
+from fvlib.interventions import key_patching_sweep, reference_distances
 from fvlib.models import make_model
 from fvlib.theory import PatchingResult, theory_patching_references, theory_patching_sweep
 
@@ -93,16 +93,3 @@ def test_bad_arguments_are_named(references, change, match):
     with pytest.raises(ValueError, match="resamples"):
         reference_distances(references["aware"], references, resamples=1)
 
-
-def test_patching_steps_along_a_row_are_paired_and_down_a_column_independent(references):
-    unaware = references["unaware"]
-    steps = patching_steps(unaware)
-    assert steps.along_layers.shape == (3, 2) and steps.along_splits.shape == (2, 3)
-    diff = unaware.errors[0, 2] - unaware.errors[0, 1]
-    assert float(steps.along_layers[0, 1]) == pytest.approx(float(diff.mean() / (diff.std() / math.sqrt(PAIRS))))
-    down = (unaware.loss[1, 2] - unaware.loss[0, 2]) / math.hypot(unaware.stderr[1, 2], unaware.stderr[0, 2])
-    assert float(steps.along_splits[0, 2]) == pytest.approx(float(down))
-    # the unaware policy at N = 32: a patch at layer 2 costs more than one at layer 3 (row m = 1)
-    assert steps.along_layers[0, 1] < -2
-    with pytest.raises(ValueError, match="per-pair errors"):
-        patching_steps(PatchingResult(**{**vars(unaware), "errors": None}))

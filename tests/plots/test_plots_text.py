@@ -1,11 +1,13 @@
-"""fvlib.plots.text.quote: a computed number glued into the page's text."""
+"""fvlib.plots.text.quote and quote_word: a computed number, or a word a rule computed, glued into the
+page's text."""
 
 import numpy as np
 import pytest
 import torch
 from IPython.core.interactiveshell import InteractiveShell
+from myst_nb.core.variables import format_plain_text
 
-from fvlib.plots.text import quote
+from fvlib.plots.text import quote, quote_word
 
 
 def test_quote_returns_plain_numbers_and_glues_them(monkeypatch):
@@ -36,3 +38,21 @@ def test_quote_glues_into_the_output_myst_nb_reads(monkeypatch):
 def test_quote_refuses_bad_names_and_values(name, value):
     with pytest.raises(ValueError, match="name|value"):
         quote(name, value)
+
+
+def test_quote_word_glues_words_that_myst_nb_pastes_as_they_are(monkeypatch):
+    shell = InteractiveShell.instance()
+    outputs = []
+    monkeypatch.setattr(shell.display_pub, "publish",
+                        lambda data, metadata=None, **kw: outputs.append((data, metadata)))
+    assert quote_word("k12-verdict", "reproduced in part") == "reproduced in part"
+    (data, metadata), = outputs
+    assert metadata["scrapbook"]["name"] == "k12-verdict"
+    plain = next(v for k, v in data.items() if k.endswith("text/plain"))
+    assert format_plain_text(plain, "") == "reproduced in part"   # what {glue:text}`k12-verdict` shows
+
+
+@pytest.mark.parametrize("name, text", [("", "shown"), ("x", "3 seeds"), ("x", ""), ("x", 0.5), ("x", " lead")])
+def test_quote_word_refuses_bad_names_and_digits(name, text):
+    with pytest.raises(ValueError, match="name|text"):
+        quote_word(name, text)
