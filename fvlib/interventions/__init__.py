@@ -13,8 +13,9 @@ Submodules, in layers from the bottom up; a submodule imports only from the laye
         the level-by-level overlap of a prediction with a path
     attention, patching, probes, router, transplant
         attention spread; key patching and state patching (sweeps and their cost, one cell by level, ratios
-        and summaries of a heatmap); probes and the workspace's principal components; what the
-        gated router measures, beside the theory; the function-vector transplant
+        and summaries of a heatmap, which theory reference it follows); probes and the workspace's
+        principal components; what the gated router measures, beside the theory; the
+        function-vector transplant
 
 Every public name of the submodules is importable from ``fvlib.interventions``.
 """
@@ -23,6 +24,7 @@ from .attention import AttentionSpread, attention_spread
 from .patching import (
     STATE_PATCH_KINDS,
     LevelEffect,
+    ReferenceDistances,
     key_patching_sweep,
     pair_patcher,
     patch_keys,
@@ -32,6 +34,7 @@ from .patching import (
     patching_summary,
     patching_sweep,
     patching_trends,
+    reference_distances,
     state_patching_sweep,
 )
 from .probes import (

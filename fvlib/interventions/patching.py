@@ -26,6 +26,10 @@ the standard transformers, state patching (chapter 11, *Standard transformers*):
   unpatched loss of the same targets, summarised after, at and before the split.
 * :func:`patching_trends` -- the two trends of the claim "the loss rises when the paths split
   early and the patch is early", counted cell against neighbouring cell after the split.
+* :func:`reference_distances` -- which of two theory references (the aware and unaware
+  patched policies of :mod:`fvlib.theory.patching_policies`) a heatmap follows: the RMS
+  distance over the cells after the split, its standard error by bootstrap over the pairs
+  (a :class:`ReferenceDistances`).
 
 Conventions: layers ``l = 1..L`` in column ``l - 1``, split levels ``m = 1..K`` in row ``m - 1``
 (:mod:`fvlib.theory.patching`). In the ideal adaptive model layer ``l`` measures the path node
@@ -35,6 +39,7 @@ at level ``l - 1``; donor keys at layer ``l`` therefore route the target to its 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 
@@ -53,6 +58,7 @@ from ..theory import (
     channel_tau2,
     check_tree,
     greedy_patcher,
+    ideal_patching_mask,
     patching_pairs,
     run_patching_sweep,
 )
@@ -69,6 +75,8 @@ __all__ = [
     "patching_ratio",
     "patching_summary",
     "patching_trends",
+    "ReferenceDistances",
+    "reference_distances",
     "LevelEffect",
     "patch_level_effect",
 ]
@@ -296,6 +304,94 @@ def patching_trends(result, z: float = 2.0) -> dict[str, dict[str, int]]:
 
 
 # ----------------------------------------------------------------------------------------
+# Which reference a heatmap follows
+# ----------------------------------------------------------------------------------------
+@dataclass
+class ReferenceDistances:
+    """How far a key-patching heatmap is from each of two references, on the same pairs.
+
+    Attributes:
+        distance: ``{reference: RMS over the cells with l > m of (loss - reference loss)}``.
+        stderr: ``{reference: bootstrap standard error of that distance}``.
+        difference: the second reference's distance minus the first's (positive: closer to the
+            first).
+        difference_stderr: its bootstrap standard error (the same resamples for both distances).
+        follows: the name of the closer reference when ``|difference|`` is more than
+            ``threshold`` times ``difference_stderr``, else ``"between"``.
+        threshold, resamples: the rule's threshold (in standard errors) and the bootstrap's size.
+    """
+
+    distance: dict[str, float]
+    stderr: dict[str, float]
+    difference: float
+    difference_stderr: float
+    follows: str
+    threshold: float
+    resamples: int
+
+
+def _after_split_errors(result, name: str) -> torch.Tensor:
+    """``(C, n)`` per-pair squared errors of the cells of ``result`` with ``l > m`` (row-major)."""
+    if getattr(result, "errors", None) is None:
+        raise ValueError(f"{name} must be a PatchingResult with its per-pair errors, got {type(result).__name__} "
+                         "without them (run the sweep again: sweeps keep them, stored heatmaps do not)")
+    K, L, _ = result.errors.shape
+    return result.errors[ideal_patching_mask(K, L)].double()
+
+
+def _bootstrap_means(errors: list[torch.Tensor], resamples: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """For each ``(C, n)`` tensor of ``errors``, its cell means ``(R, C)`` over ``resamples``
+    bootstrap resamples of the ``n`` pairs (the same resamples for every tensor)."""
+    n = errors[0].shape[-1]
+    draws = torch.randint(n, (resamples, n), generator=generator)
+    weights = torch.zeros(resamples, n, dtype=torch.float64).scatter_add_(
+        1, draws, torch.ones(resamples, n, dtype=torch.float64)) / n  # (R, n), rows sum to 1
+    return [weights @ e.T for e in errors]
+
+
+def reference_distances(result, references: Mapping, *, resamples: int = 1000, threshold: float = 2.0,
+                        seed: int = 0) -> ReferenceDistances:
+    """Which of two ``references`` (``{name: PatchingResult}``, e.g. the aware and the unaware
+    heatmaps of :func:`fvlib.theory.patching_policies.theory_patching_references`) the heatmap
+    ``result`` follows.
+
+    The distance to a reference is the RMS over the cells with ``l > m`` of ``result.loss -
+    reference.loss``; its standard error is the standard deviation of that distance over
+    ``resamples`` bootstrap resamples of the donor/target pairs (``seed``), the same resample
+    for the heatmap and both references, so all must come from sweeps on the same pairs (the
+    same ``seed`` and ``contexts``) and keep their per-pair ``errors``. The heatmap *follows*
+    the closer reference when the two distances differ by more than ``threshold`` standard
+    errors of their difference; otherwise it is ``"between"``. ``ValueError`` for anything but
+    two references, heatmaps of different shapes or without per-pair errors, no cell after the
+    split (``L = 1``), fewer than 2 resamples or a negative ``threshold``.
+    """
+    if not isinstance(references, Mapping) or len(references) != 2:
+        raise ValueError(f"references must map two names to heatmaps, got {references!r}")
+    check_int("resamples", resamples, 2)
+    if not threshold >= 0:
+        raise ValueError(f"threshold must be >= 0, got {threshold!r}")
+    names = list(references)
+    errors = [_after_split_errors(result, "result")] + [_after_split_errors(references[k], f"references[{k!r}]")
+                                                          for k in names]
+    if len({tuple(result.errors.shape)} | {tuple(references[k].errors.shape) for k in names}) != 1:
+        raise ValueError("result and references must be heatmaps of the same shape on the same pairs, got "
+                         f"{[tuple(r.errors.shape) for r in (result, *references.values())]}")
+    if errors[0].shape[0] == 0:
+        raise ValueError(f"result has no cell with l > m (shape {tuple(result.errors.shape)})")
+    model, *refs = _bootstrap_means(errors, resamples, make_generator(seed))  # (R, C) each
+    point = [float((e[0].mean(-1) - e[1].mean(-1)).pow(2).mean().sqrt())
+             for e in ((errors[0], errors[1]), (errors[0], errors[2]))]
+    boot = [(model - ref).pow(2).mean(-1).sqrt() for ref in refs]  # (R,) each
+    difference, difference_se = point[1] - point[0], float((boot[1] - boot[0]).std())
+    follows = "between"
+    if abs(difference) > threshold * difference_se:
+        follows = names[0] if difference > 0 else names[1]
+    return ReferenceDistances(distance=dict(zip(names, point)), stderr={k: float(b.std()) for k, b in zip(names, boot)},
+                              difference=difference, difference_stderr=difference_se, follows=follows,
+                              threshold=float(threshold), resamples=resamples)
+
+
+# ----------------------------------------------------------------------------------------
 # One cell, level by level
 # ----------------------------------------------------------------------------------------
 @dataclass
@@ -332,12 +428,15 @@ def patch_level_effect(
     n_layers: int | None = None,
     contexts: int = 500,
     seed: int = 0,
+    reference: str = "aware",
 ) -> LevelEffect:
     """Key-patch layer ``layer`` with donors that split off at ``split_level`` and score the
     prediction level by level (one cell of the sweep, resolved by tree level).
 
     With ``model`` the trained model is patched (as in :func:`key_patching_sweep`); without it
-    the greedy theory policy of depth ``n_layers`` (as in :func:`fvlib.theory.patching_policies.theory_patching_sweep`).
+    the greedy theory policy of depth ``n_layers`` (as in :func:`fvlib.theory.patching_policies.theory_patching_sweep`),
+    aware or unaware of the patch (``reference``, one of
+    :data:`~fvlib.theory.patching_policies.PATCHING_REFERENCES`; ignored with ``model``).
     ``contexts`` pairs drawn with ``seed``.
     """
     check_tree(tree)
@@ -347,7 +446,7 @@ def patch_level_effect(
     run_pair = (
         pair_patcher(model, PredictTheta(model, statistic=model.reads_statistic), "keys", [layer])
         if model is not None
-        else greedy_patcher(tree, depth, channel_tau2(tree, n_ctx, noise_std), [layer])
+        else greedy_patcher(tree, depth, channel_tau2(tree, n_ctx, noise_std), [layer], reference=reference)
     )
     pairs = patching_pairs(tree, contexts, split_level, n_ctx, noise_std, make_generator(seed))
     clean, (patched,), target, donor = run_pair(*pairs)

@@ -32,7 +32,7 @@ the Monte Carlo controls (``contexts``, ``seed``, ``chunk``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -127,6 +127,11 @@ class PatchingResult:
         stderr: ``(K, L)`` standard errors of ``loss``.
         donor_loss: ``(K, L)``, the same runs scored against the donor's ``theta``.
         n_contexts: donor/target pairs per cell (and per split level for the baseline).
+        errors: ``(K, L, n)``, the target's squared error of every pair in every cell (``loss``
+            is its mean over the last axis; pair ``i`` of row ``m`` is the same pair in every
+            column, and in every sweep with the same ``seed``), or ``None``; not in
+            ``to_dict()``. A bootstrap over the pairs reads it
+            (:func:`fvlib.interventions.patching.reference_distances`).
     """
 
     baseline: float
@@ -136,6 +141,7 @@ class PatchingResult:
     stderr: torch.Tensor
     donor_loss: torch.Tensor
     n_contexts: int
+    errors: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def split_levels(self) -> list[int]:
@@ -201,6 +207,7 @@ def _collect_sweep(baseline, target_err, donor_err, contexts: int) -> PatchingRe
         stderr=stderr,
         donor_loss=donor_errors.mean(-1),
         n_contexts=contexts,
+        errors=errors,
     )
 
 

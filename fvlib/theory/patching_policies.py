@@ -258,8 +258,9 @@ def theory_patching_references(
 
 def _columns(result: PatchingResult, start: int, stop: int) -> PatchingResult:
     """``result`` with its layer columns ``start..stop-1`` only (the baseline kept)."""
+    errors = None if result.errors is None else result.errors[:, start:stop].clone()
     return replace(result, loss=result.loss[:, start:stop].clone(), stderr=result.stderr[:, start:stop].clone(),
-                   donor_loss=result.donor_loss[:, start:stop].clone())
+                   donor_loss=result.donor_loss[:, start:stop].clone(), errors=errors)
 
 
 # ----------------------------------------------------------------------------------------

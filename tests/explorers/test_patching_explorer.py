@@ -30,3 +30,17 @@ def test_patching_explorer_with_a_model():
     assert set(explorer.summary) >= {"ratio", "row", "target_overlap", "donor_overlap"}
     before, after, _, _ = changed(explorer, "split_level", 2)
     assert after == before + 1 and explorer.summary["split_level"] == 2
+
+
+def test_patching_explorer_toggles_the_theory_reference():
+    explorer = patching_explorer(TreePrior(3, 0.5), contexts=200, n_ctx=32, layer=2)
+    aware = explorer.summary["ratio"]
+    before, after, old_png, new_png = changed(explorer, "reference", "unaware")
+    assert new_png != old_png
+    # at N = 32 the unaware policy reads the donor's off-path node as its own: row m = 1 at l = 2
+    # costs it more than the aware one, on the same pairs
+    assert explorer.summary["ratio"] > 1.5 * aware
+    explorer.controls["reference"].value = "aware"
+    assert explorer.summary["ratio"] == aware
+    with pytest.raises(ValueError, match="reference"):
+        patching_explorer(TreePrior(3, 0.5), contexts=20, reference="both")
