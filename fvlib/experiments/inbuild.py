@@ -233,8 +233,10 @@ def warm_work() -> list:
     :data:`SHARED_SEEDS`), the methods appendix's imitation run of model A (:func:`imitation_config`),
     the shared runs of model A alone, the methods appendix's original-recipe run of model A
     (:func:`original_config`), the shared runs of B and C alone and chapter 11's transformers
-    (:func:`transformer_chapter_configs`): the longest first. (The methods appendix's depth sweep is a
-    stored experiment, ``depth-sweep-k6`` of :mod:`fvlib.experiments`, which no page build trains.)
+    (:func:`transformer_chapter_configs`), and chapter 10's model B at ``K = M = 6`` (the no-effect
+    control beside the stored model A of ``controls-k6``): the longest first. (The methods appendix's
+    depth sweep is a stored experiment, ``depth-sweep-k6`` of :mod:`fvlib.experiments`, which no page
+    build trains.)
     """
     shared = shared_configs()
     _, _, seeds_batch = seed_plan(shared, SHARED_SEEDS)
@@ -242,7 +244,8 @@ def warm_work() -> list:
     model_a = shared[("A", "tree")]
     deep = [c for c in alone if c.model == "A"]
     return [[c for _, c in seeds_batch], imitation_config(model_a), *deep, original_config(model_a),
-            *[c for c in alone if c.model != "A"], *transformer_chapter_configs()]
+            *[c for c in alone if c.model != "A"], *transformer_chapter_configs(),
+            shared_configs(depth=6, budget=6)[("B", "tree")]]
 
 
 def _check_seeds(seeds) -> list[int]:
