@@ -179,7 +179,7 @@ def _reference_k6() -> Experiment:
     refs = [constrained_config(v, prior=p, **task) for p in ("tree", "gaussian-twin") for v in ("A-warm", "B", "C")]
     return Experiment("reference-k6", "the reference configuration (tree K = 6, alpha = 0.5, N = 128, M = 6) "
                       "and its Gaussian twin: A from scratch, A after the imitation warm start (tree), B, C; "
-                      "seeds 0, 1, 2; 3000 steps; chapter 8's gap table", "08_experiments", items,
+                      "seeds 0, 1, 2; 3000 steps; chapter 8's gap table", "appendix_methods", items,
                       reference_theory(task, refs), gap_variants=("A-scratch", "A-warm"))
 
 
@@ -212,7 +212,7 @@ def _recipes_a(steps: int = 3000, seeds=(0, 1)) -> Experiment:
     return Experiment("recipes-a", f"model A from a random start, {steps} steps, no doubling: RECIPE and the "
                       f"learning recipe's changes one at a time (expected loss, curriculum, batch 512); "
                       f"tree K = 5, M = 5 and K = 6, M = 6, alpha = 0.5, N = 128; seeds "
-                      f"{', '.join(map(str, seeds))}; chapter 8's gap table", "08_experiments", items,
+                      f"{', '.join(map(str, seeds))}; chapter 8's gap table", "appendix_methods", items,
                       recipes_theory(tasks), gap_variants=tuple(RECIPE_STEPS), max_doublings=0)
 
 
@@ -323,10 +323,10 @@ def _controls(name: str, depth: int, n_ctx: int, tree_variants: Sequence[str], t
 
 #: The catalogue of named experiments, by name (``python -m fvlib experiment list``).
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
-    _depth_sweep("depth-sweep-k6", 6, ("A-scratch", "A-warm", "B"), "08_experiments"),
-    _depth_sweep("depth-sweep-k7", 7, ("A-scratch", "B"), "08_experiments"),
+    _depth_sweep("depth-sweep-k6", 6, ("A-scratch", "A-warm", "B"), "appendix_methods"),
+    _depth_sweep("depth-sweep-k7", 7, ("A-scratch", "B"), "appendix_methods"),
     # three doublings (to 24000 steps): its runs still falling at 12000 were doubled again
-    _depth_sweep("depth-sweep-k6-learn", 6, ("A-learn",), "08_experiments", max_doublings=3),
+    _depth_sweep("depth-sweep-k6-learn", 6, ("A-learn",), "appendix_methods", max_doublings=3),
     _transformers_k4(),
     _reference_k6(),
     _recipes_a(),
