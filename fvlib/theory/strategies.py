@@ -303,6 +303,12 @@ def mc_contexts(prior, samples: int, n_ctx: int, noise_std: float, seed: int, st
     return theta, signs, g_hat
 
 
+#: The contexts :func:`evaluate_strategies` hands a strategy at once on the finite-``N`` channel
+#: (each context is read on its own, so the chunks change no number; they bound the memory of
+#: the posterior over paths, ``(contexts, paths, D)``, at ``10^5`` contexts).
+EVALUATION_CHUNK = 8192
+
+
 def evaluate_strategies(
     tree: TreePrior,
     n_ctx: int,
@@ -367,8 +373,13 @@ def evaluate_strategies(
 
     out = {}
     for strategy in chosen:
-        theta_hat = strategy.estimate(tree, make_channel(), budget, tau2, directions=directions, nodes=nodes,
-                                      policy=policy)
+        if channel == "finite":   # deterministic given g_hat: in chunks of contexts, to bound the memory
+            theta_hat = torch.cat([strategy.estimate(tree, FiniteSampleChannel(part), budget, tau2,
+                                                     directions=directions, nodes=nodes, policy=policy)
+                                   for part in g_hat.split(EVALUATION_CHUNK)])
+        else:
+            theta_hat = strategy.estimate(tree, make_channel(), budget, tau2, directions=directions, nodes=nodes,
+                                          policy=policy)
         out[strategy.name] = Estimate.of(squared_error(theta_hat, theta))
     return out
 

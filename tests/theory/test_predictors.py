@@ -57,3 +57,19 @@ def test_predictors_refuse_what_they_cannot_do():
         strategy_predictor("lmmse", TREE, 99)
     with pytest.raises(ValueError, match="at least one predictor"):
         per_context_errors({}, [])
+
+
+def test_evaluate_strategies_in_chunks_gives_the_numbers_of_one_batch(monkeypatch):
+    """On the finite-N channel the contexts are read in chunks (memory); every number is the one
+    of a single batch: each context is read on its own."""
+    from fvlib.theory import strategies
+
+    tree = TreePrior(4, 0.5)
+    names = ("adaptive_greedy", "nonadaptive_coord", "lmmse")
+    monkeypatch.setattr(strategies, "EVALUATION_CHUNK", 10**9)
+    whole = strategies.evaluate_strategies(tree, 32, 0.1, 3, samples=700, seed=3, strategies=names)
+    monkeypatch.setattr(strategies, "EVALUATION_CHUNK", 64)
+    chunked = strategies.evaluate_strategies(tree, 32, 0.1, 3, samples=700, seed=3, strategies=names)
+    for name in names:
+        assert chunked[name].mean == pytest.approx(whole[name].mean, rel=1e-12, abs=1e-15), name
+        assert chunked[name].stderr == pytest.approx(whole[name].stderr, rel=1e-9), name
