@@ -139,3 +139,17 @@ def test_controls_panels_refuse_a_file_without_budgets():
     data["theory"] = {"tree": {}}
     with pytest.raises(ValueError, match="depth-sweep"):
         experiments.controls_panels(data)
+
+
+def test_the_quick_check_retrains_no_coord_router_where_the_family_has_another():
+    """verify's prefix run of model A's family: a deep run of a router other than coord (whose
+    argmax turns last-bit differences into other routes) where the file has one, else coord."""
+    from fvlib.experiments.verify import prefix_runs
+
+    configs = {v: controls_config(v, prior="tree", **{**TASK, "budget": 2}).to_dict() for v in ("A", "A-coord")}
+    first_eval = {"A": 300, "A-coord": 150}   # the coord run is the cheaper prefix
+    runs = {f"{v}/tree/M2/seed0": {"config": configs[v], "history": [{"step": 0}, {"step": first_eval[v]}]}
+            for v in configs}
+    assert prefix_runs({"runs": runs}) == {"A": "A/tree/M2/seed0"}
+    only_coord = {k: r for k, r in runs.items() if k.startswith("A-coord")}
+    assert prefix_runs({"runs": only_coord}) == {"A": "A-coord/tree/M2/seed0"}
