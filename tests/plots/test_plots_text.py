@@ -10,6 +10,15 @@ from myst_nb.core.variables import format_plain_text
 from fvlib.plots.text import quote, quote_word
 
 
+@pytest.fixture
+def outputs(monkeypatch) -> list:
+    """What the kernel publishes (``(data, metadata)`` per display), as myst-nb reads it."""
+    published = []
+    monkeypatch.setattr(InteractiveShell.instance().display_pub, "publish",
+                        lambda data, metadata=None, **kw: published.append((data, metadata)))
+    return published
+
+
 def test_quote_returns_plain_numbers_and_glues_them(monkeypatch):
     glued = []
     monkeypatch.setattr("myst_nb.glue", lambda name, value, display=True: glued.append((name, value, display)))
@@ -21,11 +30,7 @@ def test_quote_returns_plain_numbers_and_glues_them(monkeypatch):
     assert all(type(v) in (int, float) for _, v, _ in glued)
 
 
-def test_quote_glues_into_the_output_myst_nb_reads(monkeypatch):
-    shell = InteractiveShell.instance()
-    outputs = []
-    monkeypatch.setattr(shell.display_pub, "publish",
-                        lambda data, metadata=None, **kw: outputs.append((data, metadata)))
+def test_quote_glues_into_the_output_myst_nb_reads(outputs):
     quote("k4-mean", np.float64(0.0132))
     (data, metadata), = outputs
     assert metadata["scrapbook"]["name"] == "k4-mean"
@@ -40,11 +45,7 @@ def test_quote_refuses_bad_names_and_values(name, value):
         quote(name, value)
 
 
-def test_quote_word_glues_words_that_myst_nb_pastes_as_they_are(monkeypatch):
-    shell = InteractiveShell.instance()
-    outputs = []
-    monkeypatch.setattr(shell.display_pub, "publish",
-                        lambda data, metadata=None, **kw: outputs.append((data, metadata)))
+def test_quote_word_glues_words_that_myst_nb_pastes_as_they_are(outputs):
     assert quote_word("k12-verdict", "reproduced in part") == "reproduced in part"
     (data, metadata), = outputs
     assert metadata["scrapbook"]["name"] == "k12-verdict"
@@ -58,15 +59,11 @@ def test_quote_word_refuses_bad_names_and_digits(name, text):
         quote_word(name, text)
 
 
-def test_quote_figure_shows_the_figure_once_and_glues_it(monkeypatch):
+def test_quote_figure_shows_the_figure_once_and_glues_it(outputs):
     import matplotlib.pyplot as plt
 
     from fvlib.plots.text import quote_figure
 
-    shell = InteractiveShell.instance()
-    outputs = []
-    monkeypatch.setattr(shell.display_pub, "publish",
-                        lambda data, metadata=None, **kw: outputs.append((data, metadata)))
     fig, ax = plt.subplots(figsize=(2, 1))
     ax.plot([0, 1], [1, 0])
     quote_figure("fig-k4-box", fig)
