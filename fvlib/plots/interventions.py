@@ -40,24 +40,35 @@ __all__ = [
 ]
 
 
-def plot_patching_heatmap(result, ax=None, title: str | None = None, vmin: float = 0.5, vmax: float | None = None,
-                          annotate: bool = True, colorbar: bool = True):
-    """Draw ``patching_ratio(result)`` on log colour axes; the staircase line marks ``l = m``
-    (cells to its right are patched *after* the split). Returns the ``AxesImage``."""
+def plot_patching_heatmap(result, ax=None, title: str | None = None, vmin: float | None = None,
+                          vmax: float | None = None, annotate: bool = True, colorbar: bool = True,
+                          value: str = "ratio"):
+    """Draw a key-patching heatmap on log colour axes; the staircase line marks ``l = m``
+    (cells to its right are patched *after* the split). Returns the ``AxesImage``.
+
+    ``value``: ``"ratio"`` (``patching_ratio(result)``, the patched loss over the unpatched loss
+    of the same targets; ``vmin`` defaults to 0.5) or ``"loss"`` (the patched excess loss
+    ``result.loss`` itself, for long contexts where the unpatched loss is near 0 and the ratios
+    say little; ``vmin`` defaults to its smallest positive cell). ``vmin``, ``vmax``: the colour
+    range (share them to compare panels)."""
+    if value not in ("ratio", "loss"):
+        raise ValueError(f"value must be 'ratio' or 'loss', got {value!r}")
     if ax is None:
         _, ax = plt.subplots(figsize=(4.2, 3.6))
-    ratio = patching_ratio(result)
-    K, L = ratio.shape
-    vmax = float(max(ratio.max(), 2.0)) if vmax is None else vmax
-    image = ax.imshow(np.clip(ratio, vmin, vmax), cmap="cividis", norm=LogNorm(vmin=vmin, vmax=vmax),
+    cells = patching_ratio(result) if value == "ratio" else np.asarray(result.loss, dtype=float)
+    K, L = cells.shape
+    if vmin is None:
+        vmin = 0.5 if value == "ratio" else float(cells[cells > 0].min())
+    if vmax is None:
+        vmax = float(max(cells.max(), 2.0)) if value == "ratio" else float(cells.max())
+    image = ax.imshow(np.clip(cells, vmin, vmax), cmap="cividis", norm=LogNorm(vmin=vmin, vmax=vmax),
                       origin="upper", aspect="auto")
     if annotate:
         for i in range(K):
             for j in range(L):
-                value = ratio[i, j]
-                light = np.log(max(value, vmin) / vmin) < 0.55 * np.log(vmax / vmin)
-                ax.text(j, i, f"{value:.1f}" if value < 100 else f"{value:.0f}", ha="center", va="center",
-                        fontsize=8, color="white" if light else "black")
+                light = np.log(max(cells[i, j], vmin) / vmin) < 0.55 * np.log(vmax / vmin)
+                ax.text(j, i, _cell_text(cells[i, j], value), ha="center", va="center",
+                        fontsize=8 if value == "ratio" else 7, color="white" if light else "black")
     # boundary between l <= m and l > m: vertical edge right of column l = m in row m
     xs, ys = [], []
     for i in range(K):
@@ -72,8 +83,20 @@ def plot_patching_heatmap(result, ax=None, title: str | None = None, vmin: float
     if title:
         ax.set_title(title, fontsize=10)
     if colorbar:
-        ax.figure.colorbar(image, ax=ax, label="loss / unpatched loss")
+        ax.figure.colorbar(image, ax=ax, label=HEATMAP_LABELS[value])
     return image
+
+
+#: The colour-bar label of each ``value`` of :func:`plot_patching_heatmap`.
+HEATMAP_LABELS = {"ratio": "loss / unpatched loss", "loss": "patched excess loss"}
+
+
+def _cell_text(value: float, kind: str) -> str:
+    """A heatmap cell's annotation: ratios with one decimal below 100, whole up to 10^4, then
+    as a power of ten; losses with two significant digits."""
+    if kind == "loss":
+        return f"{value:.2g}"
+    return f"{value:.1f}" if value < 100 else f"{value:.0f}" if value < 1e4 else f"{value:.0e}"
 
 
 def plot_patching_pair(model_result, theory_result, titles=("trained model A", "greedy theory policy"),

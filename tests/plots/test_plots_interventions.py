@@ -7,7 +7,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from fvlib import TreePrior  # noqa: E402
@@ -64,6 +65,22 @@ def test_heatmap_and_pair_draw():
     assert len(image.axes.texts) == 9
     fig, axes = plot_patching_pair(r, r)
     assert len(axes) == 2 and all(len(ax.images) == 1 for ax in axes)
+
+
+def test_heatmap_of_losses_annotates_the_losses_and_names_bad_values():
+    r = _fake()
+    image = plot_patching_heatmap(r, value="loss", colorbar=True)
+    assert np.allclose(image.get_array(), np.asarray(r.loss))
+    assert [t.get_text() for t in image.axes.texts][:3] == [f"{v:.2g}" for v in np.asarray(r.loss)[0]]
+    assert image.axes.figure.axes[-1].get_ylabel() == "patched excess loss"
+    with pytest.raises(ValueError, match="'losses'"):
+        plot_patching_heatmap(r, value="losses")
+
+
+def test_heatmap_writes_huge_ratios_as_powers_of_ten():
+    from fvlib.plots.interventions import _cell_text
+
+    assert [_cell_text(v, "ratio") for v in (2.345, 345.6, 3.2e8)] == ["2.3", "346", "3e+08"]
 
 
 def test_theory_sweep_is_flat_before_the_split_and_plots():
