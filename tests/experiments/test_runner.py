@@ -1,5 +1,6 @@
 """fvlib.experiments: the named experiments, their result files, resume, verification, the CLI."""
 
+import functools
 import json
 import re
 import subprocess
@@ -12,7 +13,7 @@ import pytest
 
 from fvlib import experiments
 from fvlib.cli import main
-from fvlib.experiments import references, runner
+from fvlib.experiments import beside_theory, references, runner
 from fvlib.experiments.definitions import constrained_config, same_config
 from fvlib.experiments.records import ResultFile, new_result
 from fvlib.experiments.references import tree_theory
@@ -48,6 +49,12 @@ def tiny(monkeypatch, tmp_path):
                                   tree_theory(3, 0.5, 32, 0.0, range(1, 4)), gap_variants=("A-scratch",))
     monkeypatch.setitem(experiments.EXPERIMENTS, "depth-sweep-k6", experiment)
     monkeypatch.setattr(references, "OPTIMISER_STARTS", 2)   # the best of two starts: quicker, the same code path
+    # shorter optimisations of the references (the same code path; their quality is tested in tests/theory)
+    monkeypatch.setattr(references, "optimise_directions", functools.partial(references.optimise_directions, steps=40))
+    monkeypatch.setattr(references, "optimise_adaptive_policy",
+                        functools.partial(references.optimise_adaptive_policy, steps=20, validation=1000))
+    monkeypatch.setattr(beside_theory, "optimise_directions", references.optimise_directions)
+    monkeypatch.setattr(beside_theory, "optimise_adaptive_policy", references.optimise_adaptive_policy)
     monkeypatch.setenv("FVLIB_RUN_ROOT", str(tmp_path / "runs"))
     monkeypatch.setenv(RESULTS_ENV, str(tmp_path / "results"))
     return experiment, tmp_path
