@@ -27,6 +27,7 @@ from ..training.checkpoint import config_differences, load_weights
 from ..training.evaluate import per_context_losses, run_eval_batches
 from .definitions import get_experiment
 from .records import ResultError, ResultFile, RunRecord
+from .rules import failed
 from .storage import (
     load_models_file,
     models_path,
@@ -159,17 +160,20 @@ def _sealed(name: str, directory) -> bool:
     return True
 
 
-def stored_model_keys(name: str, directory=None) -> tuple[str, ...]:
+def stored_model_keys(name: str, directory=None, *, trained_only: bool = False) -> tuple[str, ...]:
     """The keys of the runs of experiment ``name`` whose models :func:`load_stored_model` can load
     (in the order of its :attr:`~fvlib.experiments.definitions.Experiment.stored_models`): those the
     kept-models file holds, checked against the result's seal; ``()`` when there is no result file
-    or no kept-models file yet."""
+    or no kept-models file yet. ``trained_only``: only the runs that did not fail by
+    :data:`~fvlib.experiments.rules.FAILURE_RULE` (a failed run's model is kept and counted, but an
+    analysis of what a trained network does should not read it)."""
     experiment = get_experiment(name)
     if not result_path(name, directory).is_file():
         return ()
-    read_result(name, directory)
+    data = read_result(name, directory).to_dict()
     held = _held(name, directory)
-    return tuple(k for k in experiment.stored_models if k in held)
+    return tuple(k for k in experiment.stored_models
+                 if k in held and not (trained_only and failed(data, data["runs"][k])))
 
 
 def load_stored_model(name: str, key: str, directory=None) -> tuple[torch.nn.Module, TrainConfig]:

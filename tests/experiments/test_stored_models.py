@@ -240,3 +240,28 @@ def test_a_stored_file_written_again_keeps_its_bytes(tmp_path, monkeypatch):
     monkeypatch.setenv(RESULTS_ENV, str(tmp_path))
     write_result(tmp_path / "reference-k6.json", experiments.read_result("reference-k6"))
     assert (tmp_path / "reference-k6.json").read_bytes() == (RESULTS / "reference-k6.json").read_bytes()
+
+
+def test_trained_only_leaves_out_the_kept_runs_that_fail_by_the_rule(tmp_path, monkeypatch):
+    """On a copy of the stored long context: the kept keys of the runs that failed are left out, in
+    the definition's order; a kept run edited to end at the coordinate reference fails too."""
+    from fvlib.experiments.records import ResultFile
+    from fvlib.experiments.rules import FAILURE_COORD_FRACTION
+
+    name = "long-context-k6"
+    for path in RESULTS.glob(f"{name}.*"):
+        shutil.copy(path, tmp_path / path.name)
+    monkeypatch.setenv(RESULTS_ENV, str(tmp_path))
+    every = experiments.stored_model_keys(name)
+    trained = experiments.stored_model_keys(name, trained_only=True)
+    assert trained and set(trained) < set(every) and list(trained) == [k for k in every if k in trained]
+    data = json.loads((tmp_path / f"{name}.json").read_text())
+    theory = data["theory"]
+    key = trained[0]
+    coord = theory["curves"]["nonadaptive_coord"]["mean"][theory["budgets"].index(data["runs"][key]["budget"])]
+    record = data["runs"][key]
+    record["final_loss"] = record["history"][-1]["eval_excess_loss"] = \
+        record["attempts"][-1]["final_loss"] = FAILURE_COORD_FRACTION * coord
+    write_result(tmp_path / f"{name}.json", ResultFile.from_dict(data, str(tmp_path / f"{name}.json")))
+    assert experiments.stored_model_keys(name, trained_only=True) == trained[1:]
+    assert experiments.stored_model_keys(name) == every
