@@ -32,6 +32,7 @@ from .style import OKABE_ITO, palette
 __all__ = [
     "plot_patching_heatmap",
     "plot_patching_pair",
+    "plot_patching_panels",
     "plot_transplant",
     "prefix_index",
     "plot_workspace_projections",
@@ -103,12 +104,32 @@ def plot_patching_pair(model_result, theory_result, titles=("trained model A", "
                        figsize=(9.5, 3.8)):
     """The model's and the theory's heatmaps side by side on a shared colour scale.
     Returns ``(fig, axes)``."""
-    vmax = float(max(patching_ratio(model_result).max(), patching_ratio(theory_result).max(), 2.0))
-    fig, axes = plt.subplots(1, 2, figsize=figsize, constrained_layout=True)
-    plot_patching_heatmap(model_result, ax=axes[0], title=titles[0], vmax=vmax, colorbar=False)
-    image = plot_patching_heatmap(theory_result, ax=axes[1], title=titles[1], vmax=vmax, colorbar=False)
-    fig.colorbar(image, ax=list(axes), label="loss / unpatched loss")
-    return fig, axes
+    return plot_patching_panels(dict(zip(titles, (model_result, theory_result))), panel_size=(figsize[0] / 2,
+                                                                                           figsize[1]))
+
+
+def plot_patching_panels(panels, value: str = "ratio", title: str | None = None,
+                         panel_size: tuple = (3.75, 3.9)):
+    """A row of key-patching heatmaps, ``panels`` ``{title: result}`` in order, drawn by
+    :func:`plot_patching_heatmap` on one shared log colour scale with one colour bar; ``value``
+    as there (``"ratio"`` or ``"loss"``), ``title`` above the row, each panel ``panel_size``
+    inches. Returns ``(fig, axes)`` (one axis per panel)."""
+    if not panels:
+        raise ValueError("panels must name at least one heatmap")
+    if value not in HEATMAP_LABELS:
+        raise ValueError(f"value must be one of {sorted(HEATMAP_LABELS)}, got {value!r}")
+    cells = np.concatenate([(patching_ratio(r) if value == "ratio" else np.asarray(r.loss, dtype=float)).ravel()
+                            for r in panels.values()])
+    vmin = 0.5 if value == "ratio" else float(cells[cells > 0].min())
+    vmax = float(max(cells.max(), 2.0)) if value == "ratio" else float(cells.max())
+    fig, axes = plt.subplots(1, len(panels), figsize=(panel_size[0] * len(panels), panel_size[1]),
+                             constrained_layout=True, squeeze=False)
+    for ax, (name, result) in zip(axes[0], panels.items()):
+        image = plot_patching_heatmap(result, ax=ax, title=name, vmin=vmin, vmax=vmax, colorbar=False, value=value)
+    fig.colorbar(image, ax=list(axes[0]), label=HEATMAP_LABELS[value])
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig, axes[0]
 
 
 def plot_transplant(result, axes=None, figsize=(9.5, 3.4)):

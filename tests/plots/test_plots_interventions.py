@@ -77,6 +77,21 @@ def test_heatmap_of_losses_annotates_the_losses_and_names_bad_values():
         plot_patching_heatmap(r, value="losses")
 
 
+def test_panels_share_one_colour_scale_and_refuse_bad_input():
+    from fvlib.plots.interventions import plot_patching_panels
+
+    r = _fake()
+    fig, axes = plot_patching_panels({"a": r, "b": r, "c": r}, value="loss", title="t")
+    assert len(axes) == 3 and fig._suptitle.get_text() == "t"
+    limits = {(ax.images[0].norm.vmin, ax.images[0].norm.vmax) for ax in axes}
+    loss = np.asarray(r.loss)
+    assert limits == {(loss[loss > 0].min(), loss.max())}
+    with pytest.raises(ValueError, match="at least one"):
+        plot_patching_panels({})
+    with pytest.raises(ValueError, match="'ratios'"):
+        plot_patching_panels({"a": r}, value="ratios")
+
+
 def test_heatmap_writes_huge_ratios_as_powers_of_ten():
     from fvlib.plots.interventions import _cell_text
 
