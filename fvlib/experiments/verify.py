@@ -18,14 +18,14 @@ from dataclasses import replace
 from ..families import get_family
 from ..theory import choosing_strategies
 from ..training import TrainConfig, train_many
-from .definitions import estimate_seconds, get_experiment
+from .definitions import EXPERIMENTS, estimate_seconds, get_experiment
 from .provenance import cpu_name, items_of
 from .records import ResultError
 from .references import TheoryParams
 from .rules import tolerance
 from .storage import load_result, load_theory_params, result_path, theory_params_path
 
-__all__ = ["check_theory", "prefix_runs", "stack_size", "theory_differences", "verify"]
+__all__ = ["check_theory", "prefix_runs", "stack_of", "stack_size", "theory_differences", "verify"]
 
 def _numbers(tree, path: str = "") -> dict:
     """The leaves of a JSON-able ``tree`` by path (``"curves/adaptive_opt/mean/3"``)."""
@@ -163,7 +163,7 @@ def check_prefix(data: dict, key: str, config: TrainConfig, rtol: float, device:
     """Retrain ``key``'s first evaluation period and compare its evaluations with the stored history."""
     record, start = data["runs"][key], time.perf_counter()
     stop = _prefix_steps(record)
-    result = train_many([replace(config, device=device)], progress=progress, until_step=stop)[0]
+    result = _retrain_in_its_stack(data, key, config, device, progress, until_step=stop)
     stored = {e["step"]: e["eval_excess_loss"] for e in record["history"] if e["step"] <= stop}
     fresh = {e["step"]: e["eval_excess_loss"] for e in result.history}
     worst = max(abs(fresh[step] - value) / abs(value) for step, value in stored.items())
@@ -172,14 +172,23 @@ def check_prefix(data: dict, key: str, config: TrainConfig, rtol: float, device:
             "ok": bool(worst <= rtol), "seconds": round(time.perf_counter() - start, 1)}
 
 
+def _retrain_in_its_stack(data: dict, key: str, config: TrainConfig, device: str, progress: bool,
+                          until_step: int | None = None):
+    """Run ``key`` (of config ``config``) retrained in the stack its last attempt was trained in
+    (:func:`stack_of`), so that the same CPU reproduces it bit for bit; its ``TrainResult``."""
+    stack = stack_of(data, key)
+    configs = [config if k == key else replace(TrainConfig.from_dict(data["runs"][k]["config"]), steps=config.steps,
+                                              eval_every=config.eval_every)
+               for k in stack]
+    results = train_many([replace(c, device=device) for c in configs], progress=progress, until_step=until_step)
+    return results[stack.index(key)]
+
+
 def check_whole_run(data: dict, key: str, config: TrainConfig, device: str, progress: bool) -> dict:
     """Retrain ``key`` to the end, batched as it was stored, and compare its final loss
     (:data:`~fvlib.experiments.rules.TOLERANCE_RULE`)."""
     record, start = data["runs"][key], time.perf_counter()
-    # trained as it was stored: in a stack of models (any stack of two or more gives the
-    # same numbers) or alone in train_many, so that the same CPU reproduces it bit for bit
-    stack = min(2, stack_size(data, record))
-    result = train_many([replace(config, device=device)] * stack, progress=progress)[0]
+    result = _retrain_in_its_stack(data, key, config, device, progress)
     tol = tolerance(get_experiment(data["experiment"]), record)
     diff = abs(result.final_loss - record["final_loss"])
     return {"key": key, "steps": config.steps, "stored": record["final_loss"], "retrained": result.final_loss,
@@ -187,10 +196,29 @@ def check_whole_run(data: dict, key: str, config: TrainConfig, device: str, prog
             "seconds": round(time.perf_counter() - start, 1)}
 
 
+def stack_of(data: dict, key: str) -> list[str]:
+    """The keys of the runs that the last attempt of run ``key`` was trained with in one
+    :func:`~fvlib.training.batched.train_many` call, in the order they were stacked: the runs of
+    its work item that made an attempt of the same length (``_train_item`` trains them together),
+    in the order of the experiment's definition (of ``data["runs"]`` for an experiment not
+    defined here). Retraining that very stack reproduces the run bit for bit on the same CPU;
+    alone, or in another stack, its last bits differ, which a chaotic start (model A at K = 8)
+    turns into another trajectory within a few hundred steps."""
+    record = data["runs"][key]
+    item = record["provenance"].get("item")
+    if not item:
+        return [key]
+    order = list(data["runs"])
+    if data.get("experiment") in EXPERIMENTS:
+        defined = [run.key for run in EXPERIMENTS[data["experiment"]].runs]
+        order = [k for k in defined if k in data["runs"]] + [k for k in order if k not in defined]
+    return [k for k in order if item in items_of(data["runs"][k])
+            and any(a["steps"] == record["steps"] for a in data["runs"][k]["attempts"])]
+
+
 def stack_size(data: dict, record: dict) -> int:
     """How many models the last attempt of a stored run was trained with in one
-    :func:`~fvlib.training.batched.train_many` call: the runs of its work item that made an
-    attempt of the same length (``_train_item`` trains them together)."""
+    :func:`~fvlib.training.batched.train_many` call (the length of :func:`stack_of`)."""
     item = record["provenance"].get("item")
     siblings = [r for r in data["runs"].values() if item in items_of(r)] if item else [record]
     return sum(any(a["steps"] == record["steps"] for a in r["attempts"]) for r in siblings)
