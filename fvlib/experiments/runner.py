@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import sys
 import time
+import uuid
 from dataclasses import replace
 from pathlib import Path
 
@@ -181,7 +182,9 @@ def _train_item(args) -> list[dict]:
     prov = provenance(device, time.perf_counter() - wall + resumed, time.process_time() - cpu + resumed, code)
     prov["resumed_seconds"] = round(resumed, 2)
     prov["runs_in_item"] = len(item)
-    prov["item"] = f"{name}#{index}@{prov['date']}"
+    # unique even for two items of one index trained within the same second (a doubling of a
+    # quick item): the stack a run was trained in is told by this id (verify.stack_of)
+    prov["item"] = f"{name}#{index}@{prov['date']}/{uuid.uuid4().hex[:8]}"
     records = []
     for run_, result, tries in zip(item, results, attempts):
         if result is None:   # not trained again: as stored

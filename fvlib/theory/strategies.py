@@ -36,7 +36,6 @@ from .decoders import fit_radial_decoder
 from .posteriors import (
     greedy_action,
     log_likelihood_directions,
-    log_likelihood_nodes,
     posterior_probs,
     tree_posterior_mean,
     uniform_log_weights,
@@ -170,8 +169,11 @@ def bayes_decode_nodes(tree: TreePrior, nodes: torch.Tensor, phis: torch.Tensor,
     """Exact posterior mean ``(B, D)`` from coordinate measurements ``phis (B, M)`` at ``nodes (M,)``."""
     check_tensor("nodes", nodes, (None,), "(M,)", integer=True)
     check_tensor("phis", phis, (None, nodes.shape[0]), "(B, M)")
-    nodes_b = nodes.expand(phis.shape[0], -1)
-    log_w = log_likelihood_nodes(tree, nodes_b, phis, tau2)
+    tau2 = check_number("tau2", tau2, 0, low_open=True)
+    # the same nodes for every context: the log-likelihood of every leaf in one product,
+    # (phi t - t^2 / 2) / tau2 summed over the nodes, t the leaf's values there (2^K, M)
+    values = tree.leaf_thetas[:, nodes.long()]
+    log_w = (phis @ values.T - 0.5 * (values * values).sum(-1)) / tau2
     return tree_posterior_mean(tree, posterior_probs(log_w))
 
 

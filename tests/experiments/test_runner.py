@@ -128,8 +128,11 @@ def test_the_quick_check_retrains_a_prefix_per_family_and_fails_on_a_changed_his
     assert data["rules"]["prefix"] == experiments.PREFIX_RULE.format(rtol=experiment.prefix_rtol)
     for check in report["checked"]:
         record = data["runs"][check["key"]]
-        # retrained in the stack it was trained in, on the same CPU: the same bits
-        assert check["steps"] == record["history"][1]["step"] and check["relative"] == 0.0
+        # the first run of its stack retrained beside a second one, on the same CPU: the same
+        # bits; a later one alone: its last bits apart
+        first = stack_of(data, check["key"])[0] == check["key"]
+        assert check["steps"] == record["history"][1]["step"]
+        assert check["relative"] == 0.0 if first else check["relative"] < 1e-6, (check, first)
     key = report["checked"][0]["key"]
     data["runs"][key]["history"][1]["eval_excess_loss"] *= 1 + 2 * experiment.prefix_rtol
     write_sealed(tmp / "results" / "depth-sweep-k6.json", data)
