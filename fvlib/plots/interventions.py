@@ -52,16 +52,12 @@ def plot_patching_heatmap(result, ax=None, title: str | None = None, vmin: float
     ``result.loss`` itself, for long contexts where the unpatched loss is near 0 and the ratios
     say little; ``vmin`` defaults to its smallest positive cell). ``vmin``, ``vmax``: the colour
     range (share them to compare panels)."""
-    if value not in ("ratio", "loss"):
-        raise ValueError(f"value must be 'ratio' or 'loss', got {value!r}")
+    cells = _heatmap_cells(result, value)
     if ax is None:
         _, ax = plt.subplots(figsize=(4.2, 3.6))
-    cells = patching_ratio(result) if value == "ratio" else np.asarray(result.loss, dtype=float)
     K, L = cells.shape
-    if vmin is None:
-        vmin = 0.5 if value == "ratio" else float(cells[cells > 0].min())
-    if vmax is None:
-        vmax = float(max(cells.max(), 2.0)) if value == "ratio" else float(cells.max())
+    low, high = _colour_range(cells, value)
+    vmin, vmax = low if vmin is None else vmin, high if vmax is None else vmax
     image = ax.imshow(np.clip(cells, vmin, vmax), cmap="cividis", norm=LogNorm(vmin=vmin, vmax=vmax),
                       origin="upper", aspect="auto")
     if annotate:
@@ -92,6 +88,21 @@ def plot_patching_heatmap(result, ax=None, title: str | None = None, vmin: float
 HEATMAP_LABELS = {"ratio": "loss / unpatched loss", "loss": "patched excess loss"}
 
 
+def _heatmap_cells(result, value: str) -> np.ndarray:
+    """The ``(K, L)`` cells a heatmap draws: the ratios or the patched losses (``value``)."""
+    if value not in HEATMAP_LABELS:
+        raise ValueError(f"value must be one of {sorted(HEATMAP_LABELS)}, got {value!r}")
+    return patching_ratio(result) if value == "ratio" else np.asarray(result.loss, dtype=float)
+
+
+def _colour_range(cells: np.ndarray, value: str) -> tuple[float, float]:
+    """The default log colour range of ``cells``: ratios from 0.5 to at least 2, losses from the
+    smallest positive cell to the largest."""
+    if value == "ratio":
+        return 0.5, float(max(cells.max(), 2.0))
+    return float(cells[cells > 0].min()), float(cells.max())
+
+
 def _cell_text(value: float, kind: str) -> str:
     """A heatmap cell's annotation: ratios with one decimal below 100, whole up to 10^4, then
     as a power of ten; losses with two significant digits."""
@@ -116,12 +127,7 @@ def plot_patching_panels(panels, value: str = "ratio", title: str | None = None,
     inches. Returns ``(fig, axes)`` (one axis per panel)."""
     if not panels:
         raise ValueError("panels must name at least one heatmap")
-    if value not in HEATMAP_LABELS:
-        raise ValueError(f"value must be one of {sorted(HEATMAP_LABELS)}, got {value!r}")
-    cells = np.concatenate([(patching_ratio(r) if value == "ratio" else np.asarray(r.loss, dtype=float)).ravel()
-                            for r in panels.values()])
-    vmin = 0.5 if value == "ratio" else float(cells[cells > 0].min())
-    vmax = float(max(cells.max(), 2.0)) if value == "ratio" else float(cells.max())
+    vmin, vmax = _colour_range(np.concatenate([_heatmap_cells(r, value).ravel() for r in panels.values()]), value)
     fig, axes = plt.subplots(1, len(panels), figsize=(panel_size[0] * len(panels), panel_size[1]),
                              constrained_layout=True, squeeze=False)
     for ax, (name, result) in zip(axes[0], panels.items()):
