@@ -68,6 +68,6 @@ STRATEGY_LABELS = {
     "nonadaptive_coord": "non-adaptive coordinates (Bayes)",
     "lmmse": "non-adaptive coordinates (LMMSE)",
     "nonadaptive_opt": "non-adaptive, optimised directions",
-    "nonadaptive_best_coord": "non-adaptive, best coordinate set (Bayes)",
+    "nonadaptive_best_coord": "non-adaptive, noise-free best coordinate set (Bayes)",
     "adaptive_opt": "adaptive, optimised directions (Bayes)",
 }
