@@ -25,7 +25,7 @@ from .references import TheoryParams
 from .rules import tolerance
 from .storage import load_result, load_theory_params, result_path, theory_params_path
 
-__all__ = ["check_theory", "prefix_runs", "stack_of", "stack_size", "theory_differences", "verify"]
+__all__ = ["check_theory", "prefix_runs", "stack_of", "theory_differences", "verify"]
 
 def _numbers(tree, path: str = "") -> dict:
     """The leaves of a JSON-able ``tree`` by path (``"curves/adaptive_opt/mean/3"``)."""
@@ -219,14 +219,6 @@ def stack_of(data: dict, key: str) -> list[str]:
         order = [k for k in defined if k in data["runs"]] + [k for k in order if k not in defined]
     return [k for k in order if item in items_of(data["runs"][k])
             and any(a["steps"] == record["steps"] for a in data["runs"][k]["attempts"])]
-
-
-def stack_size(data: dict, record: dict) -> int:
-    """How many models the last attempt of a stored run was trained with in one
-    :func:`~fvlib.training.batched.train_many` call (the length of :func:`stack_of`)."""
-    item = record["provenance"].get("item")
-    siblings = [r for r in data["runs"].values() if item in items_of(r)] if item else [record]
-    return sum(any(a["steps"] == record["steps"] for a in r["attempts"]) for r in siblings)
 
 
 def check_theory(name: str, data: dict, directory=None, full: bool = False) -> dict:
