@@ -131,13 +131,18 @@ def _prefix_steps(record: dict) -> int:
     return min(e["step"] for e in record["history"] if e["step"] > 0)
 
 
-def prefix_runs(data: dict) -> dict[str, str]:
+def prefix_runs(data: dict, machine: str | None = None) -> dict[str, str]:
     """``{family: key}``: the stored run whose prefix :func:`verify`'s quick check retrains for each
     model family (:data:`~fvlib.experiments.rules.PREFIX_RULE`): the cheapest to its first evaluation, among the
-    family's runs of two layers or more where it has any, and among those the runs whose router
+    family's runs of two layers or more where it has any, among those the runs whose router
     is not model A's ``coord`` router where it has any (its hard choice of a node turns the last
     bits of a sum, which differ between a run trained alone and in a stack, into another route:
-    the prefix of such a run checks nothing of the code)."""
+    the prefix of such a run checks nothing of the code), and among those the runs last trained
+    on this machine's kind of processor (``machine``, default
+    :func:`~fvlib.experiments.provenance.cpu_name`) where it has any: model A at K = 8 starts
+    chaotically, so the last bits another CPU rounds differently give another trajectory within
+    300 steps (0.41 against 0.55 stored, an AMD EPYC run retrained on an Intel Xeon)."""
+    here = cpu_name() if machine is None else machine
     by_family: dict[str, list[str]] = {}
     for key, record in data["runs"].items():
         by_family.setdefault(_family(TrainConfig.from_dict(record["config"])), []).append(key)
@@ -152,9 +157,13 @@ def prefix_runs(data: dict) -> dict[str, str]:
     def smooth(key):
         return TrainConfig.from_dict(data["runs"][key]["config"]).router != "coord"
 
+    def trained_here(key):
+        return data["runs"][key].get("provenance", {}).get("device_name") == here
+
     def candidates(keys):
         deep_keys = [k for k in keys if deep(k)] or keys
-        return [k for k in deep_keys if smooth(k)] or deep_keys
+        smooth_keys = [k for k in deep_keys if smooth(k)] or deep_keys
+        return [k for k in smooth_keys if trained_here(k)] or smooth_keys
 
     return {family: min(candidates(keys), key=cost) for family, keys in sorted(by_family.items())}
 

@@ -153,3 +153,19 @@ def test_the_quick_check_retrains_no_coord_router_where_the_family_has_another()
     assert prefix_runs({"runs": runs}) == {"A": "A/tree/M2/seed0"}
     only_coord = {k: r for k, r in runs.items() if k.startswith("A-coord")}
     assert prefix_runs({"runs": only_coord}) == {"A": "A-coord/tree/M2/seed0"}
+
+
+def test_the_quick_check_retrains_a_run_trained_on_this_kind_of_processor_where_there_is_one():
+    """Among equally suitable runs, verify's prefix run is one trained on the processor it runs
+    on (a chaotic start turns another CPU's rounding into another trajectory), else the cheapest."""
+    from fvlib.experiments.verify import prefix_runs
+
+    config = controls_config("A", prior="tree", **{**TASK, "budget": 2}).to_dict()
+    deeper = controls_config("A", prior="tree", **{**TASK, "budget": 3}).to_dict()
+    runs = {"A/tree/M2/seed0": {"config": config, "provenance": {"device_name": "AMD EPYC"},
+                                "history": [{"step": 0}, {"step": 300}]},
+            "A/tree/M3/seed0": {"config": deeper, "provenance": {"device_name": "Intel Xeon"},
+                                "history": [{"step": 0}, {"step": 300}]}}
+    assert prefix_runs({"runs": runs}, machine="Intel Xeon") == {"A": "A/tree/M3/seed0"}
+    assert prefix_runs({"runs": runs}, machine="AMD EPYC") == {"A": "A/tree/M2/seed0"}
+    assert prefix_runs({"runs": runs}, machine="Apple M3") == {"A": "A/tree/M2/seed0"}   # cheapest
