@@ -139,7 +139,7 @@ def prefix_runs(data: dict, machine: str | None = None) -> dict[str, str]:
     bits of a sum, which differ between a run trained alone and in a stack, into another route:
     the prefix of such a run checks nothing of the code), and among those the runs last trained
     on this machine's kind of processor (``machine``, default
-    :func:`~fvlib.experiments.provenance.cpu_name`) where it has any: model A at K = 8 starts
+    ``fvlib.experiments.provenance.cpu_name()``) where it has any: model A at K = 8 starts
     chaotically, so the last bits another CPU rounds differently give another trajectory within
     300 steps (0.41 against 0.55 stored, an AMD EPYC run retrained on an Intel Xeon); and among
     those the first runs of their stacks (:func:`stack_of`), which :func:`check_prefix` retrains
