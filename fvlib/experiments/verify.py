@@ -142,7 +142,7 @@ def prefix_runs(data: dict, machine: str | None = None) -> dict[str, str]:
     ``fvlib.experiments.provenance.cpu_name()``) where it has any: model A at K = 8 starts
     chaotically, so the last bits another CPU rounds differently give another trajectory within
     300 steps (0.41 against 0.55 stored, an AMD EPYC run retrained on an Intel Xeon); and among
-    those the first runs of their stacks (:func:`stack_of`), which :func:`check_prefix` retrains
+    those the first runs of their stacks (:func:`stack_of`), which the quick check retrains
     to the same bits (a later one, retrained alone, landed 7% off: 0.294 against 0.275)."""
     here = cpu_name() if machine is None else machine
     by_family: dict[str, list[str]] = {}
