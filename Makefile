@@ -111,14 +111,16 @@ test-html: $(STAMP)
 
 # The stored experiments (results/*.json, fvlib.experiments), the quick check: for each model family of
 # each file, the first twentieth of its deepest stored run is retrained from its stored config and
-# compared with the stored history (within the tolerance the experiment's definition states), and
-# the theory references are re-evaluated from their stored parameters (results/NAME.theory.safetensors)
-# on the stored Monte Carlo seeds. Two files at a time; the time it adds is printed.
+# compared with the stored history (within the tolerance the experiment's definition states). The
+# theory references are re-evaluated from their stored parameters (results/NAME.theory.safetensors)
+# by make verify-experiments (CI), not here: on 10^5 contexts they took 160 s of CPU, two minutes
+# of them controls-k8's, which kept make test above its 10 minutes; their numbers are sealed, so an
+# edited one is still refused here. Two files at a time; the time it adds is printed.
 # (Every stored config is also rebuilt, by tests/experiments/test_runner.py in test-lib.)
 EXPERIMENTS = $(sort $(basename $(notdir $(wildcard results/*.json))))
 test-experiments: $(STAMP)
 	@start=$$(date +%s); \
-	printf '%s\n' $(EXPERIMENTS) | OMP_NUM_THREADS=1 xargs -P 2 -I{} $(BIN)/python -m fvlib experiment verify {}; \
+	printf '%s\n' $(EXPERIMENTS) | OMP_NUM_THREADS=1 xargs -P 2 -I{} $(BIN)/python -m fvlib experiment verify {} --no-theory; \
 	echo "verifying the stored experiments (quick check) took $$(( $$(date +%s) - start )) s"
 
 # The full verification (CI runs it after make test): each file's cheapest run retrained to the end

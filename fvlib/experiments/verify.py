@@ -141,9 +141,7 @@ def prefix_runs(data: dict, machine: str | None = None) -> dict[str, str]:
     on this machine's kind of processor (``machine``, default
     ``fvlib.experiments.provenance.cpu_name()``) where it has any: model A at K = 8 starts
     chaotically, so the last bits another CPU rounds differently give another trajectory within
-    300 steps (0.41 against 0.55 stored, an AMD EPYC run retrained on an Intel Xeon); and among
-    those the first runs of their stacks (:func:`stack_of`), which the quick check retrains
-    to the same bits (a later one, retrained alone, landed 7% off: 0.294 against 0.275)."""
+    300 steps (0.41 against 0.55 stored, an AMD EPYC run retrained on an Intel Xeon)."""
     here = cpu_name() if machine is None else machine
     by_family: dict[str, list[str]] = {}
     for key, record in data["runs"].items():
@@ -165,8 +163,7 @@ def prefix_runs(data: dict, machine: str | None = None) -> dict[str, str]:
     def candidates(keys):
         deep_keys = [k for k in keys if deep(k)] or keys
         smooth_keys = [k for k in deep_keys if smooth(k)] or deep_keys
-        local_keys = [k for k in smooth_keys if trained_here(k)] or smooth_keys
-        return [k for k in local_keys if stack_of(data, k)[0] == k] or local_keys
+        return [k for k in smooth_keys if trained_here(k)] or smooth_keys
 
     return {family: min(candidates(keys), key=cost) for family, keys in sorted(by_family.items())}
 

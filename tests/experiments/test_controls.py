@@ -170,16 +170,3 @@ def test_the_quick_check_retrains_a_run_trained_on_this_kind_of_processor_where_
     assert prefix_runs({"runs": runs}, machine="AMD EPYC") == {"A": "A/tree/M2/seed0"}
     assert prefix_runs({"runs": runs}, machine="Apple M3") == {"A": "A/tree/M2/seed0"}   # cheapest
 
-
-def test_the_quick_check_retrains_the_first_run_of_a_stack_where_there_is_one():
-    """A later run of a stack is retrained alone (its last bits differ), so verify's prefix run
-    is the first of its stack where the family has one, even when a later one is cheaper."""
-    from fvlib.experiments.verify import prefix_runs
-
-    config = controls_config("A", prior="tree", **{**TASK, "budget": 2}).to_dict()
-    item = {"item": "x#1@now", "device_name": "AMD EPYC"}
-    runs = {f"A/tree/M2/seed{s}": {"config": config, "provenance": item, "steps": 6000,
-                                   "attempts": [{"steps": 6000}],
-                                   "history": [{"step": 0}, {"step": first}]}
-            for s, first in ((0, 600), (1, 300))}
-    assert prefix_runs({"runs": runs}, machine="AMD EPYC") == {"A": "A/tree/M2/seed0"}
