@@ -219,7 +219,7 @@ def stack_of(data: dict, key: str) -> list[str]:
     alone, or in another stack, its last bits differ, which a chaotic start (model A at K = 8)
     turns into another trajectory within a few hundred steps."""
     record = data["runs"][key]
-    item = record.get("provenance", {}).get("item")
+    item = record["provenance"].get("item")
     if not item:
         return [key]
     order = list(data["runs"])
